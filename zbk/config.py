@@ -1,0 +1,293 @@
+"""Configuration: one frozen dataclass per component, each with ``validate()``.
+
+Sources, later ones winning: defaults, a TOML file (``--config``), ``--set key=value``
+overrides, then explicit command-line flags. Unknown keys are rejected with the closest
+known names, because a typo in a durability setting must never be silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from zbk import limits
+from zbk.errors import ConfigError
+
+C = TypeVar("C")
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{name} must be >= 0, got {value!r}")
+
+
+def _ratio(name: str, value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def _port(name: str, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"{name} must be a TCP port (0-65535), got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BookieConfig:
+    """Every key of API.md "Bookie configuration"."""
+
+    bookie_id: str = ""  # default: "<bind_address>:<port>"
+    bind_address: str = "127.0.0.1"
+    port: int = 3181
+    http_port: int = 8000
+    http_bind_address: str = "127.0.0.1"
+    metadata_uri: str = ""
+    data_dir: str = ""
+    journal_dirs: tuple[str, ...] = ()  # default: <data_dir>/journal
+    ledger_dirs: tuple[str, ...] = ()  # default: <data_dir>/ledgers
+    index_dirs: tuple[str, ...] = ()  # default: <data_dir>/index
+    rack: str = ""
+    journal_write_data: bool = True
+    journal_sync_data: bool = True
+    journal_max_group_wait_ms: float = float(limits.journal_group_wait_ms_default)
+    journal_buffered_writes_threshold_bytes: int = limits.journal_group_bytes_default
+    journal_max_size_mb: int = limits.journal_segment_bytes_default // (1024 * 1024)
+    entry_log_size_limit_mb: int = limits.entry_log_bytes_default // (1024 * 1024)
+    entry_log_write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
+    entry_log_per_ledger: bool = False
+    entry_logs_open_max: int = limits.entry_logs_open_max
+    entry_log_expire_after_access_s: float = float(limits.entry_log_expire_after_access_s)
+    ledger_cache_bytes_max: int = limits.ledger_cache_bytes_max_default
+    flush_interval_ms: int = 10_000
+    gc_wait_time_ms: int = 60_000
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_s: float = 3600.0
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86_400.0
+    compaction_rate_bytes: int = 64 * 1024 * 1024
+    disk_usage_threshold: float = 0.95
+    disk_usage_warn_threshold: float = 0.90
+    disk_check_interval_ms: int = 10_000
+    read_only_mode_enabled: bool = True
+    auto_fix_cookie: bool = False
+    registration_ttl_s: int = limits.metadata_lease_ttl_s_default
+    autorecovery_enabled: bool = False
+    lost_bookie_recovery_delay_s: float = 0.0
+    open_ledger_rereplication_grace_period_s: float = 30.0
+    auditor_periodic_check_interval_s: float = 604_800.0
+    max_frame_bytes: int = limits.frame_bytes_max_default
+    curve_secret_key_file: str = ""
+    curve_authorized_keys_dir: str = ""
+    admin_token: str = ""
+
+    def resolved(self) -> BookieConfig:
+        """Fill the defaults that derive from other keys (bookie id, directories)."""
+        changes: dict[str, Any] = {}
+        if not self.bookie_id:
+            changes["bookie_id"] = f"{self.bind_address}:{self.port}"
+        if self.data_dir:
+            for key, sub in (("journal_dirs", "journal"), ("ledger_dirs", "ledgers"), ("index_dirs", "index")):
+                if not getattr(self, key):
+                    changes[key] = (os.path.join(self.data_dir, sub),)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def validate(self) -> BookieConfig:
+        cfg = self.resolved()
+        if not cfg.journal_dirs or not cfg.ledger_dirs or not cfg.index_dirs:
+            raise ConfigError("data_dir (or journal_dirs, ledger_dirs and index_dirs) must be set")
+        if not cfg.metadata_uri:
+            raise ConfigError("metadata_uri must be set (sqlite:///path/meta.db or etcd://host:port/scope)")
+        _port("port", cfg.port)
+        _port("http_port", cfg.http_port)
+        if ":" not in cfg.bookie_id:
+            raise ConfigError(f"bookie_id must be host:port, got {cfg.bookie_id!r}")
+        _non_negative("journal_max_group_wait_ms", cfg.journal_max_group_wait_ms)
+        _positive("journal_buffered_writes_threshold_bytes", cfg.journal_buffered_writes_threshold_bytes)
+        _positive("journal_max_size_mb", cfg.journal_max_size_mb)
+        _positive("entry_log_size_limit_mb", cfg.entry_log_size_limit_mb)
+        _non_negative("entry_log_write_buffer_bytes", cfg.entry_log_write_buffer_bytes)
+        _positive("entry_logs_open_max", cfg.entry_logs_open_max)
+        _positive("entry_log_expire_after_access_s", cfg.entry_log_expire_after_access_s)
+        _positive("ledger_cache_bytes_max", cfg.ledger_cache_bytes_max)
+        _positive("flush_interval_ms", cfg.flush_interval_ms)
+        _positive("gc_wait_time_ms", cfg.gc_wait_time_ms)
+        _ratio("minor_compaction_threshold", cfg.minor_compaction_threshold)
+        _ratio("major_compaction_threshold", cfg.major_compaction_threshold)
+        if cfg.minor_compaction_threshold > cfg.major_compaction_threshold:
+            raise ConfigError("minor_compaction_threshold must not exceed major_compaction_threshold")
+        _positive("minor_compaction_interval_s", cfg.minor_compaction_interval_s)
+        _positive("major_compaction_interval_s", cfg.major_compaction_interval_s)
+        _positive("compaction_rate_bytes", cfg.compaction_rate_bytes)
+        _ratio("disk_usage_threshold", cfg.disk_usage_threshold)
+        _ratio("disk_usage_warn_threshold", cfg.disk_usage_warn_threshold)
+        if cfg.disk_usage_warn_threshold > cfg.disk_usage_threshold:
+            raise ConfigError("disk_usage_warn_threshold must not exceed disk_usage_threshold")
+        _positive("disk_check_interval_ms", cfg.disk_check_interval_ms)
+        _positive("registration_ttl_s", cfg.registration_ttl_s)
+        _non_negative("lost_bookie_recovery_delay_s", cfg.lost_bookie_recovery_delay_s)
+        _non_negative("open_ledger_rereplication_grace_period_s", cfg.open_ledger_rereplication_grace_period_s)
+        _positive("auditor_periodic_check_interval_s", cfg.auditor_periodic_check_interval_s)
+        if not 1024 <= cfg.max_frame_bytes <= limits.frame_bytes_max_ceiling:
+            raise ConfigError(f"max_frame_bytes must be in [1024, {limits.frame_bytes_max_ceiling}]")
+        if bool(cfg.curve_secret_key_file) != bool(cfg.curve_authorized_keys_dir):
+            raise ConfigError("curve_secret_key_file and curve_authorized_keys_dir go together")
+        return cfg
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    add_timeout_ms: int = limits.client_add_timeout_ms_default
+    read_timeout_ms: int = limits.client_read_timeout_ms_default
+    speculative_read_ms: int = limits.client_speculative_read_ms_default
+    pending_adds_max: int = limits.client_pending_adds_max
+    ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
+    curve_server_keys_dir: str = ""
+    curve_secret_key_file: str = ""
+
+    def validate(self) -> ClientConfig:
+        _positive("add_timeout_ms", self.add_timeout_ms)
+        _positive("read_timeout_ms", self.read_timeout_ms)
+        _positive("speculative_read_ms", self.speculative_read_ms)
+        _positive("pending_adds_max", self.pending_adds_max)
+        _positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoRecoveryConfig:
+    metadata_uri: str = ""
+    http_port: int = 8100
+    http_bind_address: str = "127.0.0.1"
+    lease_ttl_s: int = limits.metadata_lease_ttl_s_default
+    lost_bookie_recovery_delay_s: float = 0.0
+    open_ledger_rereplication_grace_period_s: float = 30.0
+    auditor_periodic_check_interval_s: float = 604_800.0
+    replicator_workers: int = 1
+    replication_rate_bytes: int = 64 * 1024 * 1024
+    admin_token: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> AutoRecoveryConfig:
+        if not self.metadata_uri:
+            raise ConfigError("metadata_uri must be set")
+        _port("http_port", self.http_port)
+        _positive("lease_ttl_s", self.lease_ttl_s)
+        _non_negative("lost_bookie_recovery_delay_s", self.lost_bookie_recovery_delay_s)
+        _positive("replicator_workers", self.replicator_workers)
+        _positive("replication_rate_bytes", self.replication_rate_bytes)
+        return self
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(cls_name: str, key: str, value: Any, typ: Any) -> Any:
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        if isinstance(value, str):
+            return tuple(p for p in (s.strip() for s in value.split(",")) if p)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    elif origin is dict or typ is dict or isinstance(typ, types.GenericAlias):
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+    raise ConfigError(f"{cls_name}: key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def build(cls: type[C], values: dict[str, Any], *, source: str = "config") -> C:
+    """Build a config dataclass from ``values``, rejecting unknown keys and wrong types."""
+    types_ = _field_types(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in types_:
+            near = difflib.get_close_matches(key, list(types_), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+        kwargs[key] = _coerce(cls.__name__, key, value, types_[key])
+    return cls(**kwargs)
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a TOML file; a missing file or a syntax error is a ConfigError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    # A [bookie] table is accepted as well as top-level keys.
+    if "bookie" in data and isinstance(data["bookie"], dict):
+        flat = dict(data)
+        flat.update(flat.pop("bookie"))
+        return flat
+    return data
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["key=value", ...]`` from ``--set``; values are read as TOML scalars when they parse."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = raw
+    return out
+
+
+def load(cls: type[C], *, path: str | None = None, overrides: list[str] | None = None,
+         explicit: dict[str, Any] | None = None) -> C:
+    """Defaults < TOML file < ``--set`` overrides < explicit flags."""
+    values: dict[str, Any] = {}
+    if path:
+        values.update(load_toml(path))
+    values.update(parse_overrides(overrides))
+    values.update({k: v for k, v in (explicit or {}).items() if v is not None})
+    return build(cls, values, source=path or "--set")

@@ -1,0 +1,48 @@
+"""Every bound in zbk, in one place, units last (TigerBeetle style).
+
+Configuration may lower or raise some of these per process (the config keys of API.md);
+these are the defaults and the hard ceilings that validation enforces.
+"""
+
+from __future__ import annotations
+
+# --- wire -------------------------------------------------------------------------------
+PROTOCOL_VERSION = 1
+frame_bytes_max_default = 16 * 1024 * 1024  # max_frame_bytes default: one ZeroMQ frame
+frame_bytes_max_ceiling = 256 * 1024 * 1024
+entry_bytes_max = 8 * 1024 * 1024  # one entry's payload
+entries_per_add_request_max = 4096  # a batched ADD_ENTRY request
+entries_per_read_request_max = 4096  # a ranged READ_ENTRY request
+read_response_bytes_max = 8 * 1024 * 1024  # a ranged read stops adding entries past this
+header_bytes_max = 64 * 1024  # the CBOR header frame of any request
+long_poll_timeout_ms_max = 60_000
+socket_hwm_messages = 10_000  # ZeroMQ send/receive high-water marks, every socket
+server_pending_requests_max = 50_000  # beyond: ETOOMANYREQUESTS
+
+# --- journal ----------------------------------------------------------------------------
+journal_record_bytes_max = entry_bytes_max + 4096
+journal_segment_bytes_default = 512 * 1024 * 1024
+journal_group_wait_ms_default = 2
+journal_group_bytes_default = 512 * 1024
+
+# --- entry log / index ------------------------------------------------------------------
+entry_log_bytes_default = 1024 * 1024 * 1024
+entry_log_write_buffer_bytes_default = 64 * 1024
+entry_logs_open_max = 64  # entry-log-per-ledger: cap on open logs (BP-32)
+entry_log_expire_after_access_s = 300  # entry-log-per-ledger: rotate an idle log (BP-32)
+ledger_cache_bytes_max_default = 64 * 1024 * 1024  # index pages held in memory
+index_page_entries = 1024  # slots per index page
+
+# --- metadata ---------------------------------------------------------------------------
+metadata_list_page_keys = 1000
+metadata_lease_ttl_s_default = 10
+metadata_retry_attempts_max = 20
+ledger_ids_per_allocation = 1
+watch_changelog_revisions_kept = 100_000  # embedded store: change log kept for watches
+
+# --- client -----------------------------------------------------------------------------
+client_add_timeout_ms_default = 10_000
+client_read_timeout_ms_default = 10_000
+client_speculative_read_ms_default = 2_000
+client_pending_adds_max = 100_000
+client_ensemble_change_attempts_max = 10

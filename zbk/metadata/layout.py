@@ -1,0 +1,50 @@
+"""Key layout below a store's scope (ARCHITECTURE.md "Metadata layout").
+
+Ledger ids are written as 20-digit zero-padded decimals so that key order is id order.
+"""
+
+from __future__ import annotations
+
+LAYOUT = "layout"
+INSTANCE_ID = "instanceid"
+COOKIES = "cookies/"
+BOOKIES_WRITABLE = "bookies/writable/"
+BOOKIES_READONLY = "bookies/readonly/"
+LEDGERS = "ledgers/"
+IDGEN_LEDGER = "idgen/ledger"
+UNDERREPLICATED_LEDGERS = "underreplication/ledgers/"
+UNDERREPLICATED_LOCKS = "underreplication/locks/"
+AUDITOR_LEADER = "auditor/leader"
+LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
+
+LEDGER_ID_MAX = (1 << 63) - 1
+
+
+def ledger_key(ledger_id: int) -> str:
+    assert 0 <= ledger_id <= LEDGER_ID_MAX, ledger_id
+    return f"{LEDGERS}{ledger_id:020d}"
+
+
+def ledger_id_from_key(key: str) -> int:
+    assert key.startswith(LEDGERS), key
+    return int(key[len(LEDGERS):])
+
+
+def cookie_key(bookie_id: str) -> str:
+    return COOKIES + bookie_id
+
+
+def writable_key(bookie_id: str) -> str:
+    return BOOKIES_WRITABLE + bookie_id
+
+
+def readonly_key(bookie_id: str) -> str:
+    return BOOKIES_READONLY + bookie_id
+
+
+def underreplicated_key(ledger_id: int) -> str:
+    return f"{UNDERREPLICATED_LEDGERS}{ledger_id:020d}"
+
+
+def underreplicated_lock_key(ledger_id: int) -> str:
+    return f"{UNDERREPLICATED_LOCKS}{ledger_id:020d}"
