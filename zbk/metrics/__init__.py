@@ -1,1 +1,1 @@
-"""zbk.metrics"""
+"""Prometheus metrics and the HTTP admin endpoint every process serves."""

@@ -1,0 +1,119 @@
+"""Microbenchmark of the storage hot paths: per-operation costs on this machine.
+
+    .venv/bin/python bench/storage_micro.py [--dir DIR] [--n N]
+
+The directory should be on the disk a bookie would use (fsync costs depend on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+
+from zbk.storage.entrylog import EntryLogWriter
+from zbk.storage.journal import JournalWriter, RecordType, replay
+from zbk.storage.ledgercache import LedgerCache
+
+PAYLOAD = os.urandom(1024)
+
+
+def per_op(label: str, n: int, fn: Callable[[], object], unit: str = "op") -> None:
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    print(f"{label:<48} {dt / n * 1e6:9.2f} us/{unit}")
+
+
+def bench_journal(root: str, n: int) -> None:
+    d = os.path.join(root, "journal")
+    w = JournalWriter(d)
+    add = RecordType.ADD
+
+    def appends() -> None:
+        for i in range(n):
+            if w.append(add, 1, i, PAYLOAD) >= 512 * 1024:
+                w.sync(fsync=False)  # as the actor does at the group-bytes threshold
+
+    per_op("journal append (1 KiB; write() per 512 KiB, no fsync)", n, appends)
+    w.sync()
+
+    def group_commits() -> None:
+        for _ in range(20):
+            for i in range(1000):
+                w.append(add, 1, i, PAYLOAD)
+            w.sync()
+
+    per_op("journal sync of 1000 x 1 KiB (write + fsync)", 20, group_commits, "sync")
+
+    def tiny_syncs() -> None:
+        for i in range(200):
+            w.append(RecordType.FENCE, i)
+            w.sync()
+
+    per_op("journal sync of 1 FENCE record", 200, tiny_syncs, "sync")
+    w.close()
+    total = n + 20 * 1000 + 200
+    per_op("journal replay", total, lambda: sum(1 for _ in replay(d)), "record")
+
+
+def bench_entrylog(root: str, n: int) -> None:
+    w = EntryLogWriter([os.path.join(root, "ledgers")])
+    locations: list[int] = []
+
+    def appends() -> None:
+        for i in range(n):
+            locations.append(w.append(1, i, PAYLOAD))
+
+    per_op("entrylog append (1 KiB, 64 KiB write buffer)", n, appends)
+
+    def reads() -> None:
+        for i, location in enumerate(locations):
+            w.read(location, 1, i)
+
+    per_op("entrylog read (page cache, crc checked)", n, reads)
+    per_op("entrylog flush after appends (write + fsync)", 1, w.flush, "flush")
+    w.close()
+
+
+def bench_cache(root: str, n: int) -> None:
+    c = LedgerCache([os.path.join(root, "index")])
+
+    def puts() -> None:
+        for i in range(n):
+            c.put(i % 16, i, (1 << 40) | (24 + i))
+
+    per_op("ledger cache put", n, puts)
+
+    def gets() -> None:
+        for i in range(n):
+            c.get(i % 16, i)
+
+    per_op("ledger cache get (memory)", n, gets)
+    pages = c.dirty_bytes // (16 * 1024)
+    per_op(f"ledger cache flush ({pages} dirty pages, 16 files)", pages, c.flush, "page")
+    c.close()
+    c = LedgerCache([os.path.join(root, "index")])
+    per_op("ledger cache get (cold: page read from file)", n, gets)
+    c.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument("--n", type=int, default=100_000, help="operations per measurement")
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="zbk-bench-", dir=args.dir)
+    try:
+        bench_journal(root, args.n)
+        bench_entrylog(root, args.n)
+        bench_cache(root, args.n)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

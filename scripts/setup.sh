@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up everything zbk needs on a fresh Debian machine: system packages, then a virtualenv
+# in .venv with the project and its test extras. Idempotent: a second run does little.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_install() {
+  local need=()
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+  command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]} (apt)"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+apt_install
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+extras=${ZBK_EXTRAS:-dev}
+echo "setup: installing zbk[$extras] into .venv"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 | grep -v -E '^WARNING: (Location|There was)' || true
+.venv/bin/python -c "import zbk, zmq, cbor2, crc32c, prometheus_client" 

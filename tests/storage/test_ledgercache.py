@@ -1,0 +1,240 @@
+"""Index files and the ledger cache: slots, headers, eviction, corruption, failures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from zbk.errors import BadRequestError, CorruptDataError
+from zbk.storage import index
+from zbk.storage.disk import FaultyDisk
+from zbk.storage.entrylog import make_location
+from zbk.storage.index import HEADER_BYTES, PAGE_BYTES, PAGE_ENTRIES, SLOT_BYTES, index_path
+from zbk.storage.ledgercache import LedgerCache
+
+from .helpers import flip_byte
+
+
+def loc(entry_id: int) -> int:
+    return make_location(1 + entry_id % 7, 24 + 100 * entry_id)
+
+
+def test_put_get_flush_reopen(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    for e in range(3000):
+        c.put(5, e, loc(e))
+    c.put(6, 0, loc(0))
+    assert all(c.get(5, e) == loc(e) for e in range(3000))
+    assert c.get(5, 3000) is None and c.get(7, 0) is None
+    assert c.flush() >= 3 * PAGE_BYTES
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert c.ledgers() == [5, 6] and c.exists(5) and not c.exists(7)
+    assert all(c.get(5, e) == loc(e) for e in range(3000))
+    assert c.get(5, 3000) is None and c.get(5, 10**9) is None
+    assert c.last_entry_id(5) == 2999 and c.last_entry_id(6) == 0 and c.last_entry_id(7) == -1
+    c.close()
+
+
+def test_overwrite_keeps_the_latest_location(tmp_path):
+    c = LedgerCache([str(tmp_path)], 1 << 20)
+    c.put(1, 4, loc(4))
+    c.flush()
+    c.put(1, 4, loc(5))  # journal replay or compaction moved the entry
+    assert c.get(1, 4) == loc(5)
+    c.flush()
+    c.close()
+    assert LedgerCache([str(tmp_path)], 1 << 20).get(1, 4) == loc(5)
+
+
+def test_entry_ids_and_last_entry_mix_disk_and_memory(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    present = [*range(0, 10), *range(PAGE_ENTRIES - 2, PAGE_ENTRIES + 3), 5000]
+    for e in present[:-3]:
+        c.put(9, e, loc(e))
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    for e in present[-3:]:
+        c.put(9, e, loc(e))
+    assert c.entry_ids(9) == [(0, 9), (PAGE_ENTRIES - 2, PAGE_ENTRIES + 2), (5000, 5000)]
+    assert c.last_entry_id(9) == 5000
+    assert c.entry_ids(404) == []
+
+
+def test_headers_persist(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.set_master_key(1, b"k" * 20)
+    assert c.set_fenced(1) and not c.set_fenced(1)
+    c.set_limbo(1, True)
+    c.set_explicit_lac(1, 41)
+    c.flush_header(1)  # durable now, without a full flush
+    c.set_master_key(2, b"")
+    c.set_limbo(2, True)
+    c.set_limbo(2, False)
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert (c.get_master_key(1), c.is_fenced(1), c.is_limbo(1), c.get_explicit_lac(1)) == (b"k" * 20, True, True, 41)
+    assert (c.get_master_key(2), c.is_fenced(2), c.is_limbo(2), c.get_explicit_lac(2)) == (b"", False, False, -1)
+    assert c.get_master_key(3) is None and not c.is_fenced(3) and not c.exists(3)
+    assert c.get_explicit_lac(3) == -1
+    assert c.set_fenced(2, True) and c.is_fenced(2) and c.set_fenced(2, False) and not c.is_fenced(2)
+    with pytest.raises(BadRequestError):
+        c.set_master_key(1, b"x" * 65)
+
+
+def test_eviction_under_a_small_budget_reads_correctly(tmp_path, rng):
+    d = str(tmp_path)
+    c = LedgerCache([d], 4 * PAGE_BYTES)
+    entries = {}
+    for ledger_id in range(1, 6):
+        for e in range(0, 6 * PAGE_ENTRIES, 97):
+            c.put(ledger_id, e, loc(e + ledger_id))
+            entries[(ledger_id, e)] = loc(e + ledger_id)
+    # Dirty pages are never dropped: the budget is exceeded and a checkpoint is asked for.
+    assert c.needs_flush and c.cached_bytes > 4 * PAGE_BYTES
+    assert all(c.get(*k) == v for k, v in entries.items())
+    c.flush()
+    assert not c.needs_flush and c.cached_bytes <= 4 * PAGE_BYTES
+    for ledger_id, e in rng.sample(sorted(entries), 300):
+        assert c.get(ledger_id, e) == entries[(ledger_id, e)]
+        assert c.get(ledger_id, e + 1) is None
+        assert c.cached_bytes <= 4 * PAGE_BYTES
+
+
+def test_corrupt_slot_is_detected_with_its_offset(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    for e in range(100):
+        c.put(3, e, loc(e))
+    c.flush()
+    c.close()
+    path = index_path(d, 3)
+    flip_byte(path, HEADER_BYTES + 42 * SLOT_BYTES + 2)
+    c = LedgerCache([d], 1 << 20)
+    assert c.get(3, 41) == loc(41)
+    with pytest.raises(CorruptDataError) as err:
+        c.get(3, 42)
+    assert (err.value.path, err.value.offset) == (path, HEADER_BYTES + 42 * SLOT_BYTES)
+    with pytest.raises(CorruptDataError):
+        c.entry_ids(3)
+
+
+def test_slot_written_to_the_wrong_place_is_detected(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.put(3, 0, loc(0))
+    c.flush()
+    c.close()
+    path = index_path(d, 3)
+    with open(path, "r+b") as f:
+        f.seek(HEADER_BYTES)
+        slot = f.read(SLOT_BYTES)
+        f.seek(HEADER_BYTES + SLOT_BYTES)
+        f.write(slot)
+    with pytest.raises(CorruptDataError):
+        LedgerCache([d], 1 << 20).get(3, 1)
+
+
+def test_corrupt_header_is_detected_and_a_zero_header_reads_fresh(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.set_fenced(1)
+    c.set_fenced(2)
+    c.flush()
+    c.close()
+    flip_byte(index_path(d, 1), 13)
+    with open(index_path(d, 2), "r+b") as f:
+        f.write(bytes(HEADER_BYTES))  # the creating flush never reached the disk
+    c = LedgerCache([d], 1 << 20)
+    with pytest.raises(CorruptDataError) as err:
+        c.is_fenced(1)
+    assert (err.value.path, err.value.offset) == (index_path(d, 1), 0)
+    assert not c.is_fenced(2)
+
+
+def test_header_of_another_ledger_is_corruption(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.set_fenced(1)
+    c.flush()
+    c.close()
+    os.makedirs(os.path.dirname(index_path(d, 2)), exist_ok=True)
+    os.rename(index_path(d, 1), index_path(d, 2))
+    with pytest.raises(CorruptDataError, match="ledger 1"):
+        LedgerCache([d], 1 << 20).is_fenced(2)
+
+
+def test_delete_ledger(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.put(1, 0, loc(0))
+    c.put(2, 0, loc(0))
+    c.flush()
+    c.put(1, 1, loc(1))
+    assert c.delete_ledger(1) and not c.delete_ledger(1)
+    assert not os.path.exists(index_path(d, 1)) and c.get(1, 0) is None and c.ledgers() == [2]
+    c.flush()
+    c.close()
+    assert LedgerCache([d], 1 << 20).ledgers() == [2]
+
+
+def test_multiple_index_dirs(tmp_path):
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    c = LedgerCache(dirs, 1 << 20)
+    for ledger_id in range(6):
+        c.put(ledger_id, 0, loc(ledger_id))
+    c.flush()
+    c.close()
+    assert os.path.exists(index_path(dirs[1], 3)) and os.path.exists(index_path(dirs[0], 4))
+    c = LedgerCache(list(reversed(dirs)), 1 << 20)
+    assert [c.get(ledger_id, 0) for ledger_id in range(6)] == [loc(i) for i in range(6)]
+
+
+def test_failed_flush_keeps_pages_dirty_and_can_be_retried(tmp_path):
+    d = str(tmp_path)
+    disk = FaultyDisk(fail_fsync=True)
+    c = LedgerCache([d], 1 << 20, disk)
+    c.put(1, 0, loc(0))
+    c.set_fenced(1)
+    with pytest.raises(OSError):
+        c.flush()
+    assert c.dirty_bytes == PAGE_BYTES
+    disk.fail_fsync = False
+    c.flush()
+    assert c.dirty_bytes == 0
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert c.get(1, 0) == loc(0) and c.is_fenced(1)
+
+
+def test_enospc_during_flush_leaves_earlier_flushes_intact(tmp_path):
+    d = str(tmp_path)
+    disk = FaultyDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    for e in range(10):
+        c.put(1, e, loc(e))
+    c.flush()
+    disk.write_bytes_left = 100
+    for e in range(PAGE_ENTRIES, PAGE_ENTRIES + 10):
+        c.put(1, e, loc(e))
+    with pytest.raises(OSError) as err:
+        c.flush()
+    assert err.value.errno == 28
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert [c.get(1, e) for e in range(10)] == [loc(e) for e in range(10)]
+
+
+def test_page_helpers_round_trip(tmp_path):
+    page = index.new_page()
+    index.set_slot(page, PAGE_ENTRIES + 5, 12345)
+    assert index.slot_location(page, PAGE_ENTRIES + 5, "p") == 12345
+    assert index.slot_location(page, PAGE_ENTRIES + 6, "p") is None
+    assert index.page_entries(page, 1, "p") == [PAGE_ENTRIES + 5]
+    assert index.page_count(HEADER_BYTES) == 0 and index.page_count(HEADER_BYTES + 1) == 1

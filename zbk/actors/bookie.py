@@ -1,0 +1,432 @@
+"""A bookie process: boot sequence, actor wiring, registration, HTTP, shutdown.
+
+Boot (ARCHITECTURE.md "Boot sequence", BP-46), all before any request is served:
+1. Validate directories and cookies (local copies vs metadata). A mismatch refuses to
+   start (exit code EXIT_COOKIE) unless auto_fix_cookie, which proceeds with phase one and
+   rewrites the cookies.
+2. Detect an unclean shutdown: the dirty marker is still present. Set it for this run.
+3. Replay the journal from the last mark into the entry logs and index, then checkpoint.
+4. Phase one, if the cookie was fixed, or the shutdown was unclean while adds were not
+   fsynced to the journal (journal_write_data or journal_sync_data off): every ledger that
+   is not CLOSED and has this bookie in an ensemble becomes fenced and limbo, durably.
+   (With the journal on and synced, replay restores every acknowledged add, so fencing
+   every open ledger after each crash would only break healthy writers.)
+5. Start the actors, bind the port, register as writable (lease-bound) and serve.
+Phase two (limbo repair) is replicator work: see zbk/recovery.
+
+Exit codes: 0 clean stop; EXIT_COOKIE (4) cookie mismatch; EXIT_BOOT (5) any other boot
+failure (corrupt journal, unreachable metadata...); 10 + n when actor n crashed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from zbk.actors.base import ActorLoop
+from zbk.actors.entrylogger import EntryLoggerCore
+from zbk.actors.indexsyncer import IndexCore
+from zbk.actors.journal import JournalCore
+from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
+from zbk.actors.server import LedgerState, ServerCore
+from zbk.clock import SYSTEM_CLOCK, Clock
+from zbk.config import BookieConfig
+from zbk.errors import CookieMismatchError, KeyExistsError
+from zbk.metadata import layout
+from zbk.metadata.coordination import LeaseKeeper
+from zbk.metadata.registry import BookieRegistration, LedgerStore, register_bookie
+from zbk.metadata.store import MetadataStore, iter_prefix
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.uri import open_store
+from zbk.metrics import bookie as m
+from zbk.metrics.http import AdminHttpServer
+from zbk.storage import cookie as cookies
+from zbk.storage import markers
+from zbk.storage.entrylog import EntryLogWriter
+from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
+from zbk.storage.ledgercache import LedgerCache
+from zbk.wire.entry import peek_entry_header
+
+log = logging.getLogger(__name__)
+
+EXIT_COOKIE = 4
+EXIT_BOOT = 5
+ACTOR_EXIT_BASE = 10
+ACTORS = ("server", "journal", "entrylogger", "index")
+
+
+@dataclass
+class BootReport:
+    unclean: bool
+    cookie_fixed: bool
+    replayed_records: int
+    phase_one_ledgers: int
+
+
+class Bookie:
+    def __init__(self, cfg: BookieConfig, *, clock: Clock = SYSTEM_CLOCK, store: MetadataStore | None = None) -> None:
+        self.cfg = cfg.validate()
+        self.clock = clock
+        self.store = store or open_store(self.cfg.metadata_uri)
+        self.stop_event = threading.Event()
+        self.exit_code = 0
+        self.crashed: str | None = None
+        self.loops: list[ActorLoop] = []
+        self.ctx: zmq.Context[Any] | None = None
+        self.http: AdminHttpServer | None = None
+        self.lease: LeaseKeeper | None = None
+        self.server: ServerCore | None = None
+        self.boot_report: BootReport | None = None
+        self._reg_lock = threading.Lock()
+        self.journal_dir = self.cfg.journal_dirs[0]
+        self.index_dir = self.cfg.index_dirs[0]
+
+    # -- boot ---------------------------------------------------------------------------------
+    def _all_dirs(self) -> list[str]:
+        return list(dict.fromkeys([*self.cfg.journal_dirs, *self.cfg.ledger_dirs, *self.cfg.index_dirs]))
+
+    def _check_cookies(self) -> bool:
+        """Returns True when the cookie was fixed (phase one needed); raises on mismatch."""
+        cfg = self.cfg
+        instance_id = _instance_id(self.store)
+        key = layout.cookie_key(cfg.bookie_id)
+        stored = self.store.get(key)
+        dirs = self._all_dirs()
+        local = {d: cookies.read_cookie(d) for d in dirs}
+        expected = cookies.Cookie(bookie_id=cfg.bookie_id, instance_id=instance_id,
+                                  journal_dirs=tuple(cfg.journal_dirs), ledger_dirs=tuple(cfg.ledger_dirs),
+                                  index_dirs=tuple(cfg.index_dirs),
+                                  incarnation=uuid.uuid4().hex)
+        if stored is None and all(c is None for c in local.values()):
+            # A brand-new bookie: write its identity everywhere.
+            self._write_cookies(expected, None, dirs)
+            return False
+        reasons: list[str] = []
+        meta_cookie = cookies.Cookie.from_bytes(stored.value) if stored else None
+        if meta_cookie is None:
+            reasons.append("no cookie in metadata for this bookie id")
+        for d, c in local.items():
+            if c is None:
+                reasons.append(f"{d}: no cookie (empty or replaced disk?)")
+            elif meta_cookie is not None and not _same_identity(c, meta_cookie):
+                reasons.append(f"{d}: cookie differs from metadata")
+        if meta_cookie is not None and not _same_identity(meta_cookie, expected, check_incarnation=False):
+            reasons.append("configured directories or instance id differ from the cookie in metadata")
+        if not reasons:
+            return False
+        msg = "; ".join(reasons)
+        if not cfg.auto_fix_cookie:
+            raise CookieMismatchError(f"cookie validation failed for {cfg.bookie_id}: {msg} "
+                                      "(run `zbk shell cookie fix` or set auto_fix_cookie = true)")
+        log.warning("cookie validation failed (%s): auto_fix_cookie is on, fixing with phase one", msg)
+        self._write_cookies(expected, stored.version if stored else None, dirs)
+        return True
+
+    def _write_cookies(self, cookie: cookies.Cookie, version: int | None, dirs: list[str]) -> None:
+        data = cookie.to_bytes()
+        for d in dirs:
+            cookies.write_cookie(d, cookie)
+        key = layout.cookie_key(self.cfg.bookie_id)
+        if version is None:
+            existing = self.store.get(key)
+            if existing is None:
+                self.store.create(key, data)
+                return
+            version = existing.version
+        self.store.cas(key, data, version)
+
+    def boot(self) -> BootReport:
+        for d in self._all_dirs():
+            os.makedirs(d, exist_ok=True)
+        cookie_fixed = self._check_cookies()
+        unclean = markers.was_dirty(self.index_dir)
+        markers.mark_dirty(self.index_dir)
+        self.logs = EntryLogWriter(list(self.cfg.ledger_dirs),
+                                   size_limit_bytes=self.cfg.entry_log_size_limit_mb * 1024 * 1024,
+                                   write_buffer_bytes=self.cfg.entry_log_write_buffer_bytes,
+                                   per_ledger=self.cfg.entry_log_per_ledger,
+                                   open_max=self.cfg.entry_logs_open_max,
+                                   expire_after_access_s=self.cfg.entry_log_expire_after_access_s,
+                                   clock=self.clock)
+        self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max)
+        replayed = self._replay()
+        durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
+        phase_one = 0
+        if cookie_fixed or (unclean and not durable_adds):
+            phase_one = self._phase_one()
+        self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one)
+        log.info("boot: unclean=%s cookie_fixed=%s replayed=%d phase_one_ledgers=%d",
+                 unclean, cookie_fixed, replayed, phase_one)
+        return self.boot_report
+
+    def _replay(self) -> int:
+        start = markers.read_last_mark(self.index_dir)
+        n = 0
+        last = start
+        for rec, mark in replay(self.journal_dir, start):
+            n += 1
+            last = mark
+            t = rec.type
+            if t == RecordType.ADD:
+                loc = self.logs.append(rec.ledger_id, rec.entry_id, rec.payload)
+                self.cache.put(rec.ledger_id, rec.entry_id, loc)
+            elif t == RecordType.FENCE:
+                self.cache.set_fenced(rec.ledger_id, True)
+            elif t == RecordType.MASTER_KEY:
+                self.cache.set_master_key(rec.ledger_id, rec.payload)
+            elif t == RecordType.LIMBO:
+                self.cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
+            elif t == RecordType.EXPLICIT_LAC:
+                self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
+        self.journal = JournalWriter(self.journal_dir, self.cfg.journal_max_size_mb * 1024 * 1024)
+        # Checkpoint what replay rebuilt, so the replayed segments can go.
+        self.logs.flush()
+        self.cache.flush()
+        mark = self.journal.sync(fsync=True)
+        markers.write_last_mark(self.index_dir, mark)
+        self.journal.delete_segments_before(mark)
+        if n:
+            log.info("journal replay: %d records up to %s", n, tuple(last))
+        return n
+
+    def _phase_one(self) -> int:
+        """BP-46 phase one: fence and limbo every non-closed ledger with us in an ensemble."""
+        me = self.cfg.bookie_id
+        ledgers = LedgerStore(self.store)
+        count = 0
+        for kv in iter_prefix(self.store, layout.LEDGERS):
+            lid = layout.ledger_id_from_key(kv.key)
+            try:
+                md = LedgerMetadata.decode(kv.value, ledger_id=lid)
+            except Exception as e:  # noqa: BLE001 - a corrupt ledger must not stop the others
+                log.error("phase one: skipping ledger %d: %s", lid, e)
+                continue
+            if md.is_closed or me not in md.all_bookies():
+                continue
+            self.cache.set_fenced(lid, True)
+            self.cache.set_limbo(lid, True)
+            if self.cache.get_master_key(lid) is None:
+                from zbk.client.digest import master_key
+                self.cache.set_master_key(lid, master_key(md.password))
+            count += 1
+        del ledgers
+        self.cache.flush()  # durable before we register and serve
+        return count
+
+    def _ledger_states(self) -> dict[int, LedgerState]:
+        states: dict[int, LedgerState] = {}
+        for lid in self.cache.ledgers():
+            last = self.cache.last_entry_id(lid)
+            lac = self.cache.get_explicit_lac(lid)
+            if last >= 0:
+                loc = self.cache.get(lid, last)
+                if loc is not None:
+                    try:
+                        lac = max(lac, peek_entry_header(self.logs.read(loc))[2])
+                    except Exception as e:  # noqa: BLE001 - a bad last entry only costs the LAC hint
+                        log.warning("ledger %d: cannot read last entry for its LAC: %s", lid, e)
+            states[lid] = LedgerState(master_key=self.cache.get_master_key(lid), fenced=self.cache.is_fenced(lid),
+                                      limbo=self.cache.is_limbo(lid), lac=lac, last_entry_id=last)
+        return states
+
+    # -- run ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.boot_report is None:
+            self.boot()
+        cfg = self.cfg
+        self.ctx = zmq.Context()
+        instance = uuid.uuid4().hex[:8]
+        self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal_write_data,
+                                 max_frame_bytes=cfg.max_frame_bytes, reply=lambda i, f: None,
+                                 read_only_mode_enabled=cfg.read_only_mode_enabled,
+                                 on_state_change=self._on_state_change)
+        journal = JournalCore(self.journal, sync_data=cfg.journal_sync_data,
+                              group_bytes_max=cfg.journal_buffered_writes_threshold_bytes,
+                              group_wait_s=cfg.journal_max_group_wait_ms / 1000.0)
+        entrylogger = EntryLoggerCore(self.logs)
+        index = IndexCore(self.cache, flush_interval_s=cfg.flush_interval_ms / 1000.0,
+                          persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
+        common = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash, stop=self.stop_event)
+        # senders: who sends to this actor (one PULL each); peers: to whom it sends.
+        self.loops = [
+            JournalLoop(core=journal, senders=["server", "entrylogger", "index"], peers=["server", "entrylogger"], **common),
+            ActorLoop(core=entrylogger, senders=["server", "index", "journal"], peers=["server", "journal"], **common),
+            ActorLoop(core=index, senders=["server", "entrylogger"], peers=["entrylogger", "journal", "server"], **common),
+        ]
+        self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin"],
+                                      peers=["entrylogger", "journal", "index"],
+                                      endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
+                                      max_frame_bytes=cfg.max_frame_bytes,
+                                      disk_probe=disk_probe_for(self._all_dirs()),
+                                      disk_check_interval_s=cfg.disk_check_interval_ms / 1000.0,
+                                      disk_thresholds=(cfg.disk_usage_threshold, cfg.disk_usage_warn_threshold),
+                                      **common)
+        self.loops.append(self.server_loop)
+        for loop in self.loops:  # PULL sockets are bound in the constructors, before any connect
+            loop.start()
+        for loop in self.loops:
+            loop.ready.wait(10)
+        if self.crashed:
+            raise RuntimeError(f"actor {self.crashed} failed to start")
+        self.admin = self.ctx.socket(zmq.PUSH)
+        self.admin.connect(f"inproc://zbk-{instance}-admin-to-server")
+        self.admin_lock = threading.Lock()  # HTTP handlers run on many threads; a socket is not thread-safe
+        self._start_http()
+        self._register(read_only=self.server.read_only)
+        log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
+                 self.http.port if self.http else "-")
+
+    def _register(self, *, read_only: bool) -> None:
+        """Publish the registration (lease-bound). After a kill -9 the previous process's
+        registration lives until its lease expires: wait for it, up to two TTLs."""
+        reg = BookieRegistration(bookie_id=self.cfg.bookie_id, rack=self.cfg.rack,
+                                 http_url=f"http://{self.cfg.http_bind_address}:{self.http.port if self.http else 0}",
+                                 state="readonly" if read_only else "writable")
+        self._registration = reg
+        with self._reg_lock:
+            if self.lease is None or self.lease.lost:
+                self.lease = LeaseKeeper(self.store, ttl_s=self.cfg.registration_ttl_s, on_lost=self._on_lease_lost)
+                self.lease.start()
+            deadline = self.clock.monotonic() + 2 * self.cfg.registration_ttl_s + 5
+            while True:
+                try:
+                    register_bookie(self.store, reg, self.lease.lease)
+                    return
+                except KeyExistsError:
+                    if self.clock.monotonic() > deadline or self.stop_event.is_set():
+                        raise
+                    log.info("registration of %s still held by a previous process; waiting for its lease",
+                             self.cfg.bookie_id)
+                    self.clock.sleep(0.5)
+
+    def _on_lease_lost(self) -> None:
+        """The registration lease was lost (metadata outage): register again on a new lease."""
+        if self.stop_event.is_set():
+            return
+        log.warning("registration lease lost: registering again")
+
+        def again() -> None:
+            delay = 0.5
+            while not self.stop_event.is_set():
+                try:
+                    self._register(read_only=self.server.read_only if self.server else False)
+                    return
+                except Exception as e:  # noqa: BLE001 - keep trying while the store is down
+                    log.error("re-registration failed (retrying in %.1fs): %s", delay, e)
+                    self.stop_event.wait(delay)
+                    delay = min(delay * 2, 10.0)
+
+        threading.Thread(target=again, name="zbk-reregister", daemon=True).start()
+
+    def _on_state_change(self, read_only: bool) -> None:
+        # Called on the server thread: registration is metadata I/O, so hand it off.
+        threading.Thread(target=self._register, kwargs={"read_only": read_only}, daemon=True).start()
+
+    def _start_http(self) -> None:
+        cfg = self.cfg
+        self.http = AdminHttpServer(cfg.http_bind_address, cfg.http_port, token=cfg.admin_token)
+        self.http.route("GET", "/api/v1/bookie/info", lambda _b: self.info())
+        self.http.route("GET", "/api/v1/bookie/state", lambda _b: {"state": self.state()})
+        self.http.route("PUT", "/api/v1/bookie/state", self._put_state)
+        self.http.start()
+
+    def state(self) -> str:
+        return "readonly" if self.server and self.server.read_only else "writable"
+
+    def info(self) -> dict[str, Any]:
+        assert self.server is not None
+        used, total = self.server.disk_usage
+        return {"id": self.cfg.bookie_id, "state": self.state(), "ledgers": len(self.server.ledgers),
+                "limbo_ledgers": sum(1 for s in self.server.ledgers.values() if s.limbo),
+                "disk": {"used_bytes": used, "total_bytes": total,
+                         "usage_ratio": round(used / total, 4) if total else 0.0}}
+
+    def _put_state(self, body: dict[str, Any] | None) -> dict[str, Any]:
+        from zbk.metrics.http import HttpError
+
+        want = (body or {}).get("state")
+        if want not in ("readonly", "writable"):
+            raise HttpError(400, 'body must be {"state": "readonly" | "writable"}')
+        with self.admin_lock:
+            self.admin.send_pyobj(("admin", "read_only", want == "readonly"))
+        return {"state": want}
+
+    def _on_crash(self, name: str, exc: BaseException) -> None:
+        if self.crashed is None:
+            self.crashed = name
+            self.exit_code = ACTOR_EXIT_BASE + ACTORS.index(name) if name in ACTORS else ACTOR_EXIT_BASE + 9
+        self.stop_event.set()
+
+    def wait(self) -> int:
+        """Block until stopped (signal or actor crash); returns the exit code."""
+        while not self.stop_event.wait(0.5):
+            pass
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Clean shutdown: unregister, stop actors, final checkpoint, clear the dirty marker."""
+        self.stop_event.set()
+        if self.lease is not None:
+            self.lease.stop()  # revokes the lease: the registration vanishes at once
+        for loop in self.loops:
+            loop.join(10)
+        if self.http is not None:
+            self.http.stop()
+        if self.crashed:
+            log.error("bookie stopped because actor %s crashed: dirty marker left set", self.crashed)
+            return
+        if any(loop.is_alive() for loop in self.loops):
+            log.error("an actor did not stop: dirty marker left set")
+            return
+        self.journal.sync(fsync=True)
+        self.logs.flush()
+        self.cache.flush()
+        markers.write_last_mark(self.index_dir, self.journal.mark)
+        self.logs.close()
+        self.journal.close()
+        markers.clear_dirty(self.index_dir)
+        if self.ctx is not None:
+            self.ctx.destroy(0)
+        self.store.close()
+        log.info("bookie %s stopped cleanly", self.cfg.bookie_id)
+
+
+def _instance_id(store: MetadataStore) -> str:
+    from zbk.metadata.registry import get_or_create_instance_id
+
+    return get_or_create_instance_id(store)
+
+
+def _same_identity(a: cookies.Cookie, b: cookies.Cookie, *, check_incarnation: bool = True) -> bool:
+    same = (a.bookie_id == b.bookie_id and a.instance_id == b.instance_id
+            and tuple(a.journal_dirs) == tuple(b.journal_dirs) and tuple(a.ledger_dirs) == tuple(b.ledger_dirs)
+            and tuple(a.index_dirs) == tuple(b.index_dirs))
+    return same and (not check_incarnation or a.incarnation == b.incarnation)
+
+
+def run_bookie(cfg: BookieConfig) -> int:
+    """`zbk bookie`: boot, serve until SIGTERM/SIGINT, stop cleanly. Returns the exit code."""
+    try:
+        bookie = Bookie(cfg)
+        bookie.boot()
+    except CookieMismatchError as e:
+        log.error("%s", e)
+        return EXIT_COOKIE
+    except Exception as e:  # noqa: BLE001 - any boot failure is one clear line and an exit code
+        log.error("boot failed: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+        return EXIT_BOOT
+    bookie.start()
+    signal.signal(signal.SIGTERM, lambda *_: bookie.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: bookie.stop_event.set())
+    code = bookie.wait()
+    bookie.stop()
+    if code:
+        os._exit(code)  # an actor crashed: do not run more cleanup that could mask it
+    return 0

@@ -1,0 +1,121 @@
+"""IndexSyncer actor: owns the ledger cache (index pages) and the per-ledger index files.
+
+Maps (ledger, entry) to locations, flushes dirty pages lazily, and runs the checkpoint:
+every flush_interval (or when the cache is over its memory bound) it asks the EntryLogger to
+start one; when the Checkpoint message comes back (logs flushed up to a journal mark M, see
+zbk/actors/messages.py for the ordering argument) it flushes the index, persists lastMark =
+M, and lets the journal delete the segments before M.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from zbk.actors.base import Outbox
+from zbk.actors.messages import (
+    Checkpoint,
+    CheckpointDone,
+    DeleteLedgers,
+    EntryList,
+    HeaderUpdate,
+    IndexPut,
+    ListEntries,
+    Lookup,
+    ReadLocations,
+    StartCheckpoint,
+    TrimJournal,
+)
+from zbk.metrics import bookie as m
+from zbk.storage.ledgercache import LedgerCache
+
+log = logging.getLogger(__name__)
+
+
+class IndexCore:
+    name = "index"
+
+    def __init__(self, cache: LedgerCache, *, flush_interval_s: float,
+                 persist_mark: Callable[[tuple[int, int]], None]) -> None:
+        self.cache = cache
+        self.tick_interval_s: float | None = min(flush_interval_s, 1.0)
+        self.flush_interval_s = flush_interval_s
+        self.persist_mark = persist_mark
+        self.outbox: Outbox | None = None
+        self.cp_seq = 0
+        self.cp_in_flight: int | None = None
+        self.last_cp_at: float | None = None
+
+    def on_message(self, msg: Any, now: float) -> None:
+        assert self.outbox is not None
+        cache = self.cache
+        if isinstance(msg, IndexPut):
+            put, lid = cache.put, msg.ledger_id
+            for eid, loc in zip(msg.entry_ids, msg.locations, strict=True):
+                put(lid, eid, loc)
+            if cache.needs_flush:
+                self.start_checkpoint(now)
+        elif isinstance(msg, Lookup):
+            self._lookup(msg)
+        elif isinstance(msg, HeaderUpdate):
+            self._header(msg)
+        elif isinstance(msg, ListEntries):
+            known = cache.exists(msg.ledger_id)
+            ranges = cache.entry_ids(msg.ledger_id) if known else []
+            self.outbox.send("server", EntryList(msg.ctx, msg.ledger_id, ranges, known))
+        elif isinstance(msg, Checkpoint):
+            self._finish_checkpoint(msg, now)
+        elif isinstance(msg, DeleteLedgers):
+            for lid in msg.ledger_ids:
+                cache.delete_ledger(lid)
+        else:
+            raise AssertionError(f"index: unexpected message {msg!r}")
+
+    def _lookup(self, msg: Lookup) -> None:
+        assert self.outbox is not None
+        get, lid = self.cache.get, msg.ledger_id
+        locations: list[int] = []
+        for eid in range(msg.first_entry_id, msg.first_entry_id + msg.count):
+            loc = get(lid, eid)
+            if loc is None:
+                break
+            locations.append(loc)
+        known = bool(locations) or self.cache.exists(lid)
+        self.outbox.send("entrylogger", ReadLocations(msg.ctx, lid, msg.first_entry_id, locations,
+                                                      known, msg.bytes_max))
+
+    def _header(self, msg: HeaderUpdate) -> None:
+        c, lid = self.cache, msg.ledger_id
+        if msg.master_key is not None:
+            c.set_master_key(lid, msg.master_key)
+        if msg.fenced is not None:
+            c.set_fenced(lid, msg.fenced)
+        if msg.limbo is not None:
+            c.set_limbo(lid, msg.limbo)
+        if msg.explicit_lac is not None:
+            c.set_explicit_lac(lid, msg.explicit_lac)
+
+    def start_checkpoint(self, now: float) -> None:
+        if self.cp_in_flight is not None:
+            return
+        assert self.outbox is not None
+        self.cp_seq += 1
+        self.cp_in_flight = self.cp_seq
+        self.outbox.send("entrylogger", StartCheckpoint(self.cp_seq))
+
+    def _finish_checkpoint(self, msg: Checkpoint, now: float) -> None:
+        assert self.outbox is not None
+        written = self.cache.flush()
+        self.persist_mark(msg.mark)
+        self.outbox.send("journal", TrimJournal(msg.mark))
+        self.outbox.send("server", CheckpointDone(msg.cp_id, msg.mark, written))
+        m.CHECKPOINTS_TOTAL.inc()
+        self.cp_in_flight = None
+        self.last_cp_at = now
+
+    def on_tick(self, now: float) -> None:
+        if self.last_cp_at is None:
+            self.last_cp_at = now
+        if now - self.last_cp_at >= self.flush_interval_s or self.cache.needs_flush:
+            self.start_checkpoint(now)

@@ -1,0 +1,198 @@
+"""Messages between the actors of one bookie (never on the network).
+
+Who sends what to whom, and why the order is safe:
+
+    Server --AppendBatch--> EntryLogger --Appended--> Server --IndexPut--> IndexSyncer
+                                        --JournalAppend--> JournalWriter --Synced--> Server
+    Server --JournalMeta--> JournalWriter (fence, master key, limbo, explicit LAC records)
+    Server --HeaderUpdate / IndexPut / Lookup / Checkpoint--> IndexSyncer
+    IndexSyncer --ReadLocations--> EntryLogger --ReadResult--> Server
+    IndexSyncer --StartCheckpoint--> EntryLogger --MarkRequest--> JournalWriter --Mark--> EntryLogger
+    EntryLogger (flushes logs) --CheckpointReady--> Server --Checkpoint--> IndexSyncer
+    IndexSyncer (flushes index, persists lastMark) --TrimJournal--> JournalWriter
+
+1. Acknowledged implies readable: the Server replies to an add only after it has both the
+   entry's location (Appended, from which it sent IndexPut) and the journal's Synced.
+   Every later read is a Lookup on the same Server->IndexSyncer pipe, behind the IndexPut.
+2. Checkpoint safety: the mark M the journal returns follows every record it had received.
+   Each ADD record was sent by the EntryLogger after the entry was appended and after
+   Appended went to the Server; CheckpointReady(M) goes to the Server on that same pipe
+   after the logs were fsynced, so the Server has already forwarded every IndexPut of
+   records before M when it forwards Checkpoint(M). Meta records (fence, master key...)
+   are sent by the Server to the IndexSyncer (HeaderUpdate) before their journal record,
+   hence before M was computed, hence before Checkpoint(M) on the same pipe. So when the
+   IndexSyncer persists lastMark = M, everything before M is in fsynced logs and index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class AppendBatch:
+    batch_id: int
+    ledger_id: int
+    entry_ids: list[int]
+    blobs: list[bytes]
+    journal: bool  # False with journal_write_data = false (BP-46)
+
+
+@dataclass(slots=True)
+class Appended:
+    batch_id: int
+    ledger_id: int
+    entry_ids: list[int]
+    locations: list[int]
+    error: str = ""  # non-empty: the append failed (disk full, I/O error)
+    no_space: bool = False
+
+
+@dataclass(slots=True)
+class JournalAppend:
+    batch_id: int
+    ledger_id: int
+    entry_ids: list[int]
+    blobs: list[bytes]
+
+
+@dataclass(slots=True)
+class JournalMeta:
+    """Fence / master key / limbo / explicit LAC records; acknowledged with Synced."""
+
+    batch_id: int
+    records: list[tuple[int, int, int, bytes]]  # (record type, ledger id, entry id or value, payload)
+
+
+@dataclass(slots=True)
+class ForceJournal:
+    """FORCE_LEDGER: acknowledge once everything received so far is fsynced."""
+
+    batch_id: int
+
+
+@dataclass(slots=True)
+class Synced:
+    batch_ids: list[int]
+    error: str = ""
+
+
+@dataclass(slots=True)
+class IndexPut:
+    ledger_id: int
+    entry_ids: list[int]
+    locations: list[int]
+
+
+@dataclass(slots=True)
+class HeaderUpdate:
+    ledger_id: int
+    master_key: bytes | None = None
+    fenced: bool | None = None
+    limbo: bool | None = None
+    explicit_lac: int | None = None
+
+
+@dataclass(slots=True)
+class Lookup:
+    """Read entries [first, first+count) of a ledger; answered by the EntryLogger."""
+
+    ctx: int
+    ledger_id: int
+    first_entry_id: int
+    count: int
+    bytes_max: int
+
+
+@dataclass(slots=True)
+class ReadLocations:
+    ctx: int
+    ledger_id: int
+    first_entry_id: int
+    locations: list[int]
+    ledger_known: bool
+    bytes_max: int
+
+
+@dataclass(slots=True)
+class ReadResult:
+    ctx: int
+    ledger_id: int
+    blobs: list[bytes]
+    ledger_known: bool
+    error: str = ""
+
+
+@dataclass(slots=True)
+class ListEntries:
+    ctx: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class EntryList:
+    ctx: int
+    ledger_id: int
+    ranges: list[tuple[int, int]]
+    ledger_known: bool
+
+
+@dataclass(slots=True)
+class DeleteLedgers:
+    ledger_ids: list[int]
+
+
+@dataclass(slots=True)
+class WriteClose:
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class StartCheckpoint:
+    cp_id: int
+
+
+@dataclass(slots=True)
+class MarkRequest:
+    cp_id: int
+
+
+@dataclass(slots=True)
+class Mark:
+    cp_id: int
+    mark: tuple[int, int]
+
+
+@dataclass(slots=True)
+class CheckpointReady:
+    cp_id: int
+    mark: tuple[int, int]
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    cp_id: int
+    mark: tuple[int, int]
+
+
+@dataclass(slots=True)
+class TrimJournal:
+    mark: tuple[int, int]
+
+
+@dataclass(slots=True)
+class CheckpointDone:
+    cp_id: int
+    mark: tuple[int, int]
+    index_bytes: int = 0
+
+
+@dataclass(slots=True)
+class UsageRequest:
+    ctx: int
+
+
+@dataclass(slots=True)
+class UsageReport:
+    ctx: int
+    usage: dict[int, dict[int, int]] = field(default_factory=dict)

@@ -1,0 +1,590 @@
+"""Server actor: the request frontend of a bookie.
+
+Owns the ROUTER socket (through its loop), the in-memory state of every ledger (master
+key, fenced, limbo, LAC, long-poll waiters) and the table of requests in flight. It
+decodes and validates requests, enforces fencing / master key / limbo / read-only, routes
+the work to the other actors and replies. It never touches a disk.
+
+Rules it enforces (docs/protocol.md):
+- a wrong master key is EUA and nothing is stored or fenced;
+- a plain add to a fenced ledger is EFENCED; a RECOVERY_ADD is accepted;
+- fencing (FENCE flag on READ_ENTRY / READ_LAC) is journaled and fsynced before the reply,
+  and creates the ledger here if this bookie has never seen it (BP-46);
+- a limbo ledger never answers an explicit negative: ENOENTRY / ENOLEDGER become EUNKNOWN;
+- an add is acknowledged only once it is indexed (so every later read finds it) and, with
+  journal_write_data on, its journal record is fsynced.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zbk import limits
+from zbk.actors.base import Outbox
+from zbk.actors.messages import (
+    AppendBatch,
+    Appended,
+    CheckpointDone,
+    CheckpointReady,
+    Checkpoint,
+    EntryList,
+    ForceJournal,
+    HeaderUpdate,
+    IndexPut,
+    JournalMeta,
+    ListEntries,
+    Lookup,
+    ReadResult,
+    Synced,
+    WriteClose,
+)
+from zbk.metrics import bookie as m
+from zbk.storage.journal import RecordType
+from zbk.wire import messages as w
+from zbk.wire.codec import decode_request, encode
+from zbk.wire.errors import FrameError
+from zbk.wire.entry import peek_entry_header
+from zbk.wire.status import Status
+
+log = logging.getLogger(__name__)
+Reply = Callable[[bytes, list[Any]], None]
+
+
+@dataclass(slots=True)
+class LedgerState:
+    master_key: bytes | None = None
+    fenced: bool = False
+    limbo: bool = False
+    lac: int = -1  # highest LAC piggybacked on an acknowledged add, or set explicitly
+    last_entry_id: int = -1  # highest entry id acknowledged here
+    waiters: list[LongPoll] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LongPoll:
+    ident: bytes
+    req: w.ReadRequest
+    deadline: float
+    started: float
+
+
+@dataclass(slots=True)
+class PendingAdd:
+    ident: bytes
+    rid: int
+    ledger_id: int
+    entry_ids: list[int]
+    max_lac: int
+    started: float
+    need_sync: bool
+    appended: bool = False
+    synced: bool = False
+    failed: Status | None = None
+
+
+@dataclass(slots=True)
+class PendingRead:
+    ident: bytes
+    req: Any  # ReadRequest or ReadLacRequest or ListEntriesRequest
+    started: float
+
+
+@dataclass(slots=True)
+class AdminState:
+    """Set by an operator through the admin API."""
+
+    force_read_only: bool = False
+
+
+class ServerCore:
+    name = "server"
+
+    def __init__(self, *, ledgers: dict[int, LedgerState], journal_write_data: bool, max_frame_bytes: int,
+                 reply: Reply, read_only: bool = False, read_only_mode_enabled: bool = True,
+                 on_state_change: Callable[[bool], None] | None = None, tick_interval_s: float = 0.05) -> None:
+        self.ledgers = ledgers
+        self.journal_write_data = journal_write_data
+        self.max_frame_bytes = max_frame_bytes
+        self.reply = reply
+        self.outbox: Outbox | None = None
+        self.tick_interval_s: float | None = tick_interval_s
+        self.disk_full = read_only
+        self.admin = AdminState()
+        self.read_only_mode_enabled = read_only_mode_enabled
+        self.on_state_change = on_state_change
+        self.seq = 0
+        self.adds: dict[int, PendingAdd] = {}
+        self.meta_waiters: dict[int, PendingRead | tuple[bytes, Any, float]] = {}
+        self.reads: dict[int, PendingRead] = {}
+        self.disk_usage = (0, 0)
+        self.polling: set[int] = set()  # ledgers with long-poll waiters
+        self.last_checkpoint: tuple[int, int] | None = None
+        self._publish_counts()
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self.disk_full or self.admin.force_read_only
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _publish_counts(self) -> None:
+        m.LEDGERS.set(len(self.ledgers))
+        m.LIMBO_LEDGERS.set(sum(1 for s in self.ledgers.values() if s.limbo))
+        m.WRITABLE.set(0 if self.read_only else 1)
+
+    def set_disk_usage(self, used: int, total: int, *, threshold: float, warn_threshold: float) -> None:
+        """Disk checker reading (from the loop): over threshold -> read-only; writable again
+        only below the warn threshold (hysteresis, so a bookie does not flap)."""
+        self.disk_usage = (used, total)
+        ratio = used / total if total else 0.0
+        m.DISK_USAGE_RATIO.set(ratio)
+        was = self.read_only
+        if ratio >= threshold and self.read_only_mode_enabled:
+            if not self.disk_full:
+                log.warning("disk usage %.3f >= %.3f: bookie turns read-only", ratio, threshold)
+            self.disk_full = True
+        elif ratio < warn_threshold and self.disk_full:
+            log.warning("disk usage %.3f < %.3f: bookie writable again", ratio, warn_threshold)
+            self.disk_full = False
+        self._state_changed(was)
+
+    def set_forced_read_only(self, value: bool) -> None:
+        was = self.read_only
+        self.admin.force_read_only = value
+        self._state_changed(was)
+
+    def _state_changed(self, was: bool) -> None:
+        if was != self.read_only:
+            m.WRITABLE.set(0 if self.read_only else 1)
+            if self.on_state_change:
+                self.on_state_change(self.read_only)
+
+    # -- requests from the network ----------------------------------------------------------
+    def on_request(self, ident: bytes, frames: list[Any], now: float) -> None:
+        try:
+            req = decode_request(frames, max_frame_bytes=self.max_frame_bytes)
+        except FrameError as e:
+            if e.rid is None:
+                m.BAD_FRAMES_TOTAL.labels("dropped").inc()
+                return
+            m.BAD_FRAMES_TOTAL.labels("answered").inc()
+            self.reply(ident, encode(w.ErrorResponse(rid=e.rid, status=e.status)))
+            return
+        if len(self.adds) + len(self.reads) >= limits.server_pending_requests_max:
+            m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], "ETOOMANYREQUESTS").inc()
+            self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
+            return
+        handler = self._handlers.get(type(req))
+        assert handler is not None, f"no handler for {type(req).__name__}"
+        handler(self, ident, req, now)
+
+    def _error(self, ident: bytes, req: Any, status: Status) -> None:
+        """Answer ``req`` with ``status`` in the response type of its op."""
+        m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], status.name).inc()
+        rid, lid = req.rid, getattr(req, "ledger_id", 0)
+        resp: Any
+        if isinstance(req, w.AddRequest):
+            first, last = _entry_bounds(req)
+            resp = w.AddResponse(rid=rid, status=status, ledger_id=lid, first_entry_id=first, last_entry_id=last)
+        elif isinstance(req, w.ReadRequest):
+            state = self.ledgers.get(lid)
+            resp = w.ReadResponse(rid=rid, status=status, ledger_id=lid, first_entry_id=req.first_entry_id,
+                                  lac=state.lac if state else -1)
+        elif isinstance(req, w.ReadLacRequest):
+            resp = w.ReadLacResponse(rid=rid, status=status, ledger_id=lid, lac=-1)
+        elif isinstance(req, w.WriteLacRequest):
+            resp = w.WriteLacResponse(rid=rid, status=status, ledger_id=lid)
+        elif isinstance(req, w.ForceLedgerRequest):
+            resp = w.ForceLedgerResponse(rid=rid, status=status, ledger_id=lid)
+        elif isinstance(req, w.WriteCloseRequest):
+            resp = w.WriteCloseResponse(rid=rid, status=status, ledger_id=lid)
+        elif isinstance(req, w.ListEntriesRequest):
+            resp = w.ListEntriesResponse(rid=rid, status=status, ledger_id=lid)
+        else:
+            resp = w.ErrorResponse(rid=rid, status=status)
+        self.reply(ident, encode(resp))
+
+    def _check_key(self, state: LedgerState | None, key: bytes | None) -> bool:
+        if state is None or state.master_key is None:
+            return True
+        return key is not None and hmac.compare_digest(state.master_key, key)
+
+    def _ensure_ledger(self, lid: int, key: bytes, records: list[tuple[int, int, int, bytes]]) -> LedgerState:
+        """The ledger's state, created (with its master key journaled) if new here."""
+        state = self.ledgers.get(lid)
+        if state is None:
+            state = self.ledgers[lid] = LedgerState(master_key=key)
+            m.LEDGERS.set(len(self.ledgers))
+        elif state.master_key is None:
+            state.master_key = key
+        else:
+            return state
+        records.append((int(RecordType.MASTER_KEY), lid, -1, key))
+        assert self.outbox is not None
+        self.outbox.send("index", HeaderUpdate(lid, master_key=key))
+        return state
+
+    # ADD_ENTRY ---------------------------------------------------------------------------
+    def _on_add(self, ident: bytes, req: w.AddRequest, now: float) -> None:
+        if self.read_only and not (req.flags & w.AddFlag.RECOVERY_ADD):
+            self._error(ident, req, Status.EREADONLY)
+            return
+        lid = req.ledger_id
+        state = self.ledgers.get(lid)
+        if not self._check_key(state, req.master_key):
+            self._error(ident, req, Status.EUA)
+            return
+        recovery = bool(req.flags & w.AddFlag.RECOVERY_ADD)
+        if state is not None and state.fenced and not recovery:
+            self._error(ident, req, Status.EFENCED)
+            return
+        entry_ids: list[int] = []
+        max_lac = -1
+        for blob in req.entries:
+            try:
+                b_lid, eid, lac = peek_entry_header(blob)
+            except FrameError:
+                self._error(ident, req, Status.EBADREQ)
+                return
+            if b_lid != lid:
+                self._error(ident, req, Status.EBADREQ)
+                return
+            entry_ids.append(eid)
+            if lac > max_lac:
+                max_lac = lac
+        meta: list[tuple[int, int, int, bytes]] = []
+        state = self._ensure_ledger(lid, req.master_key, meta)
+        batch = self._next()
+        assert self.outbox is not None
+        need_sync = self.journal_write_data
+        if meta:
+            # The master key of a new ledger must be durable before its first add is acked.
+            # It goes straight to the journal; the add's own records follow it through the
+            # EntryLogger, and one commit covers everything received before it.
+            self.outbox.send("journal", JournalMeta(batch, meta))
+            need_sync = True
+        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync)
+        self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, list(req.entries), self.journal_write_data))
+
+    def _on_appended(self, msg: Appended, now: float) -> None:
+        p = self.adds.get(msg.batch_id)
+        assert p is not None, msg.batch_id
+        if msg.error:
+            p.failed = Status.EIO
+            if msg.no_space and self.read_only_mode_enabled:
+                was = self.read_only
+                self.disk_full = True
+                self._state_changed(was)
+                p.failed = Status.EREADONLY
+        else:
+            assert self.outbox is not None
+            self.outbox.send("index", IndexPut(msg.ledger_id, msg.entry_ids, msg.locations))
+        p.appended = True
+        self._maybe_complete_add(msg.batch_id, p, now)
+
+    def _maybe_complete_add(self, batch: int, p: PendingAdd, now: float) -> None:
+        if not p.appended or (p.need_sync and not p.synced and p.failed is None):
+            return
+        del self.adds[batch]
+        status = p.failed or Status.EOK
+        if status == Status.EOK:
+            state = self.ledgers[p.ledger_id]
+            last = max(p.entry_ids)
+            if last > state.last_entry_id:
+                state.last_entry_id = last
+            if p.max_lac > state.lac:
+                self._advance_lac(p.ledger_id, state, p.max_lac, now)
+            m.ENTRIES_ADDED_TOTAL.inc(len(p.entry_ids))
+        m.ADD_ENTRY_SECONDS.labels(status.name).observe(max(0.0, now - p.started))
+        m.REQUESTS_TOTAL.labels("add", status.name).inc()
+        self.reply(p.ident, encode(w.AddResponse(rid=p.rid, status=status, ledger_id=p.ledger_id,
+                                                 first_entry_id=p.entry_ids[0], last_entry_id=p.entry_ids[-1])))
+
+    def _on_synced(self, msg: Synced, now: float) -> None:
+        for batch in msg.batch_ids:
+            p = self.adds.get(batch)
+            if p is not None:
+                p.synced = True
+                self._maybe_complete_add(batch, p, now)
+                continue
+            waiter = self.meta_waiters.pop(batch, None)
+            if waiter is not None:
+                self._after_meta_synced(waiter, now)
+
+    # READ_ENTRY / READ_LAC with fencing ---------------------------------------------------
+    def _fence_then(self, ident: bytes, req: Any, now: float) -> bool:
+        """Fence the ledger if asked. Returns True if the request continues now, False if it
+        waits for the fence record to be fsynced (or was answered with an error)."""
+        lid = req.ledger_id
+        state = self.ledgers.get(lid)
+        if not self._check_key(state, req.master_key):
+            self._error(ident, req, Status.EUA)
+            return False
+        if state is not None and state.fenced:
+            return True
+        records: list[tuple[int, int, int, bytes]] = []
+        state = self._ensure_ledger(lid, req.master_key, records)
+        state.fenced = True
+        records.append((int(RecordType.FENCE), lid, -1, b""))
+        assert self.outbox is not None
+        self.outbox.send("index", HeaderUpdate(lid, fenced=True))
+        batch = self._next()
+        self.meta_waiters[batch] = PendingRead(ident, req, now)
+        self.outbox.send("journal", JournalMeta(batch, records))
+        # A fenced ledger's per-ledger entry log can be rotated (BP-32).
+        self.outbox.send("entrylogger", WriteClose(lid))
+        return False
+
+    def _after_meta_synced(self, waiter: Any, now: float) -> None:
+        if isinstance(waiter, PendingRead):
+            req = waiter.req
+            if isinstance(req, w.ReadRequest):
+                self._start_read(waiter.ident, req, waiter.started)
+            elif isinstance(req, w.ReadLacRequest):
+                self._reply_lac(waiter.ident, req)
+            else:  # WriteLac / Force: plain acknowledgement
+                self._ok(waiter.ident, req)
+        else:
+            raise AssertionError(waiter)
+
+    def _on_read(self, ident: bytes, req: w.ReadRequest, now: float) -> None:
+        if req.flags & w.ReadFlag.FENCE:
+            if not self._fence_then(ident, req, now):
+                return
+        state = self.ledgers.get(req.ledger_id)
+        if req.flags & w.ReadFlag.LONG_POLL and state is not None and state.lac <= req.previous_lac:
+            timeout = min(req.timeout_ms, limits.long_poll_timeout_ms_max) / 1000.0
+            state.waiters.append(LongPoll(ident, req, now + timeout, now))
+            self.polling.add(req.ledger_id)
+            return
+        self._start_read(ident, req, now)
+
+    def _start_read(self, ident: bytes, req: w.ReadRequest, started: float) -> None:
+        lid = req.ledger_id
+        state = self.ledgers.get(lid)
+        first, count = req.first_entry_id, req.count
+        if req.flags & w.ReadFlag.LONG_POLL:
+            first = req.previous_lac + 1
+            count = max(0, min(count, (state.lac if state else -1) - req.previous_lac))
+            if count == 0:
+                self._reply_read(ident, req, [], lid_known=state is not None, started=started)
+                return
+        if state is None:
+            # Never seen: an explicit negative, unless we can not be sure (no limbo state
+            # can exist for an unknown ledger: phase one creates the state of every ledger).
+            self._reply_read(ident, req, [], lid_known=False, started=started)
+            return
+        ctx = self._next()
+        self.reads[ctx] = PendingRead(ident, req, started)
+        assert self.outbox is not None
+        self.outbox.send("index", Lookup(ctx, lid, first, count, limits.read_response_bytes_max))
+
+    def _on_read_result(self, msg: ReadResult, now: float) -> None:
+        p = self.reads.pop(msg.ctx)
+        if msg.error and not msg.blobs:
+            self._finish_read(p.ident, p.req, Status.EIO, [], p.started, now)
+            return
+        self._reply_read(p.ident, p.req, msg.blobs, lid_known=msg.ledger_known or msg.ledger_id in self.ledgers,
+                         started=p.started, now=now)
+
+    def _reply_read(self, ident: bytes, req: w.ReadRequest, blobs: list[bytes], *, lid_known: bool,
+                    started: float, now: float | None = None) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if blobs or (req.flags & w.ReadFlag.LONG_POLL):
+            status = Status.EOK
+        elif state is not None and state.limbo:
+            status = Status.EUNKNOWN  # BP-46: we may have lost it, so we can not say "absent"
+        else:
+            status = Status.ENOENTRY if lid_known else Status.ENOLEDGER
+        self._finish_read(ident, req, status, blobs, started, now if now is not None else started)
+
+    def _finish_read(self, ident: bytes, req: w.ReadRequest, status: Status, blobs: list[bytes],
+                     started: float, now: float) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        lac = state.lac if state else -1
+        m.READ_ENTRY_SECONDS.labels(status.name).observe(max(0.0, now - started))
+        m.REQUESTS_TOTAL.labels("read", status.name).inc()
+        first = req.previous_lac + 1 if req.flags & w.ReadFlag.LONG_POLL else req.first_entry_id
+        self.reply(ident, encode(w.ReadResponse(rid=req.rid, status=status, ledger_id=req.ledger_id,
+                                                first_entry_id=first, lac=lac, entries=blobs)))
+
+    def _advance_lac(self, lid: int, state: LedgerState, lac: int, now: float) -> None:
+        state.lac = lac
+        if state.waiters:
+            ready = [wt for wt in state.waiters if wt.req.previous_lac < lac]
+            state.waiters = [wt for wt in state.waiters if wt.req.previous_lac >= lac]
+            if not state.waiters:
+                self.polling.discard(lid)
+            for wt in ready:
+                self._start_read(wt.ident, wt.req, wt.started)
+
+    def _on_read_lac(self, ident: bytes, req: w.ReadLacRequest, now: float) -> None:
+        if req.flags & w.ReadFlag.FENCE:
+            if not self._fence_then(ident, req, now):
+                return
+        self._reply_lac(ident, req)
+
+    def _reply_lac(self, ident: bytes, req: w.ReadLacRequest) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if state is None:
+            status, lac = Status.ENOLEDGER, -1
+        else:
+            status, lac = Status.EOK, state.lac
+        m.REQUESTS_TOTAL.labels("read_lac", status.name).inc()
+        self.reply(ident, encode(w.ReadLacResponse(rid=req.rid, status=status, ledger_id=req.ledger_id, lac=lac)))
+
+    # Other ops ------------------------------------------------------------------------------
+    def _ok(self, ident: bytes, req: Any) -> None:
+        self._error(ident, req, Status.EOK)
+
+    def _on_write_lac(self, ident: bytes, req: w.WriteLacRequest, now: float) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if state is None:
+            self._error(ident, req, Status.ENOLEDGER)
+            return
+        if not self._check_key(state, req.master_key):
+            self._error(ident, req, Status.EUA)
+            return
+        if req.lac > state.lac:
+            self._advance_lac(req.ledger_id, state, req.lac, now)
+        assert self.outbox is not None
+        self.outbox.send("index", HeaderUpdate(req.ledger_id, explicit_lac=state.lac))
+        batch = self._next()
+        self.meta_waiters[batch] = PendingRead(ident, req, now)
+        self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.EXPLICIT_LAC), req.ledger_id, state.lac, b"")]))
+
+    def _on_force(self, ident: bytes, req: w.ForceLedgerRequest, now: float) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if state is None:
+            self._error(ident, req, Status.ENOLEDGER)
+            return
+        if not self._check_key(state, req.master_key):
+            self._error(ident, req, Status.EUA)
+            return
+        batch = self._next()
+        self.meta_waiters[batch] = PendingRead(ident, req, now)
+        assert self.outbox is not None
+        self.outbox.send("journal", ForceJournal(batch))
+
+    def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if state is None:
+            self._error(ident, req, Status.ENOLEDGER)
+            return
+        if not self._check_key(state, req.master_key):
+            self._error(ident, req, Status.EUA)
+            return
+        assert self.outbox is not None
+        self.outbox.send("entrylogger", WriteClose(req.ledger_id))
+        self._ok(ident, req)
+
+    def _on_info(self, ident: bytes, req: w.BookieInfoRequest, now: float) -> None:
+        used, total = self.disk_usage
+        m.REQUESTS_TOTAL.labels("bookie_info", "EOK").inc()
+        self.reply(ident, encode(w.BookieInfoResponse(
+            rid=req.rid, status=Status.EOK, free_bytes=max(0, total - used), total_bytes=total,
+            state="readonly" if self.read_only else "writable", ledgers=len(self.ledgers),
+            limbo_ledgers=sum(1 for s in self.ledgers.values() if s.limbo))))
+
+    def _on_list_entries(self, ident: bytes, req: w.ListEntriesRequest, now: float) -> None:
+        state = self.ledgers.get(req.ledger_id)
+        if state is None:
+            self._error(ident, req, Status.ENOLEDGER)
+            return
+        ctx = self._next()
+        self.reads[ctx] = PendingRead(ident, req, now)
+        assert self.outbox is not None
+        self.outbox.send("index", ListEntries(ctx, req.ledger_id))
+
+    def _on_entry_list(self, msg: EntryList, now: float) -> None:
+        p = self.reads.pop(msg.ctx)
+        state = self.ledgers.get(msg.ledger_id)
+        status = Status.EOK
+        if not msg.ranges and state is not None and state.limbo:
+            status = Status.EUNKNOWN
+        m.REQUESTS_TOTAL.labels("list_entries", status.name).inc()
+        self.reply(p.ident, encode(w.ListEntriesResponse(rid=p.req.rid, status=status, ledger_id=msg.ledger_id,
+                                                         entry_ranges=tuple(msg.ranges))))
+
+    _handlers: dict[type, Callable[..., None]] = {
+        w.AddRequest: _on_add,
+        w.ReadRequest: _on_read,
+        w.ReadLacRequest: _on_read_lac,
+        w.WriteLacRequest: _on_write_lac,
+        w.ForceLedgerRequest: _on_force,
+        w.WriteCloseRequest: _on_write_close,
+        w.BookieInfoRequest: _on_info,
+        w.ListEntriesRequest: _on_list_entries,
+    }
+
+    # -- messages from the other actors ----------------------------------------------------
+    def on_message(self, msg: Any, now: float) -> None:
+        if isinstance(msg, Appended):
+            self._on_appended(msg, now)
+        elif isinstance(msg, Synced):
+            self._on_synced(msg, now)
+        elif isinstance(msg, ReadResult):
+            self._on_read_result(msg, now)
+        elif isinstance(msg, EntryList):
+            self._on_entry_list(msg, now)
+        elif isinstance(msg, CheckpointReady):
+            assert self.outbox is not None
+            self.outbox.send("index", Checkpoint(msg.cp_id, msg.mark))
+        elif isinstance(msg, CheckpointDone):
+            self.last_checkpoint = msg.mark
+        elif isinstance(msg, tuple) and msg and msg[0] == "admin":
+            self._on_admin(msg)
+        else:
+            raise AssertionError(f"server: unexpected message {msg!r}")
+
+    def _on_admin(self, msg: tuple[Any, ...]) -> None:
+        if msg[1] == "read_only":
+            self.set_forced_read_only(bool(msg[2]))
+        elif msg[1] == "disk":
+            _, _, used, total, threshold, warn = msg
+            self.set_disk_usage(used, total, threshold=threshold, warn_threshold=warn)
+        elif msg[1] == "clear_limbo":
+            state = self.ledgers.get(msg[2])
+            if state is not None and state.limbo:
+                state.limbo = False
+                assert self.outbox is not None
+                self.outbox.send("index", HeaderUpdate(msg[2], limbo=False))
+                self._publish_counts()
+        else:
+            raise AssertionError(msg)
+
+    def on_tick(self, now: float) -> None:
+        """Expire long polls: answer them with the current LAC and no entries."""
+        for lid in list(self.polling):
+            state = self.ledgers[lid]
+            keep = []
+            for wt in state.waiters:
+                if wt.deadline <= now:
+                    self._finish_read(wt.ident, wt.req, Status.EOK, [], wt.started, now)
+                else:
+                    keep.append(wt)
+            state.waiters = keep
+            if not keep:
+                self.polling.discard(lid)
+
+
+_OP_NAMES: dict[type, str] = {
+    w.AddRequest: "add", w.ReadRequest: "read", w.ReadLacRequest: "read_lac", w.WriteLacRequest: "write_lac",
+    w.ForceLedgerRequest: "force_ledger", w.WriteCloseRequest: "write_close", w.BookieInfoRequest: "bookie_info",
+    w.ListEntriesRequest: "list_entries",
+}
+
+
+def _entry_bounds(req: w.AddRequest) -> tuple[int, int]:
+    """First and last entry ids of an add batch, or (0, 0) if its blobs are unreadable."""
+    try:
+        return peek_entry_header(req.entries[0])[1], peek_entry_header(req.entries[-1])[1]
+    except (FrameError, IndexError):
+        return 0, 0

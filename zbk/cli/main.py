@@ -1,0 +1,76 @@
+"""`zbk` command line: one sub-command per process or tool (API.md "Command line").
+
+Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 cannot reach metadata/bookies.
+Expected failures print one clear line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from zbk.errors import EXIT_USAGE, ZbkError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _bookie(args: argparse.Namespace) -> int:
+    from zbk.actors.bookie import run_bookie
+    from zbk.config import BookieConfig, load
+
+    explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
+                "http_port": args.http_port}
+    cfg = load(BookieConfig, path=args.config, overrides=args.set, explicit=explicit)
+    return run_bookie(cfg)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # usage errors exit 2 with one line (argparse does too)
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="zbk", description="zbk: a replicated, durable log store (BookKeeper design)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("bookie", help="run a bookie (storage server)")
+    b.add_argument("--metadata", help="metadata URI: sqlite:///path/meta.db or etcd://host:port/scope")
+    b.add_argument("--data-dir", help="data directory (journal/, ledgers/, index/ below it)")
+    b.add_argument("--port", type=int, help="wire port (default 3181)")
+    b.add_argument("--http-port", type=int, help="HTTP port for /metrics and the admin API (default 8000)")
+    b.add_argument("--config", help="bookie.toml")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    b.set_defaults(func=_bookie)
+
+    from zbk.cli import shell
+
+    shell.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        code = args.func(args)
+    except ZbkError as e:
+        print(f"zbk: {e.code}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

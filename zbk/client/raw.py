@@ -1,0 +1,71 @@
+"""A small synchronous connection to one bookie, speaking the raw wire protocol.
+
+Used by `zbk shell` (readentry, ledgerentries, bookieinfo), by tests that need exact
+control over requests (fencing, master keys, garbage), and by tools. Applications use
+:class:`zbk.BookKeeper` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import zmq
+
+from zbk import limits
+from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.wire.codec import decode_response, encode
+
+
+class BookieConnection:
+    def __init__(self, bookie_id: str, *, timeout_s: float = 10.0, ctx: zmq.Context[Any] | None = None) -> None:
+        self.bookie_id = bookie_id
+        self.timeout_s = timeout_s
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
+        self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
+        self.sock.connect(f"tcp://{bookie_id}")
+        self._rids = itertools.count(1)
+
+    def next_rid(self) -> int:
+        return next(self._rids)
+
+    def send(self, msg: Any) -> None:
+        self.sock.send_multipart(encode(msg), copy=False)
+
+    def send_frames(self, frames: list[Any]) -> None:
+        """Send raw frames (tests use this for garbage)."""
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_s: float | None = None) -> Any:
+        t = self.timeout_s if timeout_s is None else timeout_s
+        if not self.sock.poll(int(t * 1000)):
+            raise ZbkTimeoutError(f"bookie {self.bookie_id} did not answer within {t:.1f}s")
+        return decode_response(self.sock.recv_multipart())
+
+    def call(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """Send one request and return its response (skipping stale responses of earlier
+        requests that timed out)."""
+        self.send(msg)
+        t = self.timeout_s if timeout_s is None else timeout_s
+        while True:
+            try:
+                resp = self.recv(t)
+            except ZbkTimeoutError as e:
+                raise BookieUnavailableError(str(e)) from None
+            if resp.rid == msg.rid:
+                return resp
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self._own_ctx:
+            self.ctx.term()
+
+    def __enter__(self) -> BookieConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

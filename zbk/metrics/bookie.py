@@ -1,0 +1,34 @@
+"""Bookie metrics (API.md "Metrics"). Labels are bounded: op and status names only, never
+ledger ids or connections."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Latency buckets from 100 us to 10 s: an fsync-bound add on SSD is ~0.2-5 ms.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+ADD_ENTRY_SECONDS = Histogram(
+    "zbk_bookie_add_entry_seconds", "Time from receiving an add request to replying (one request may carry many entries)",
+    ["status"], buckets=LATENCY_BUCKETS)
+READ_ENTRY_SECONDS = Histogram(
+    "zbk_bookie_read_entry_seconds", "Time from receiving a read request to replying", ["status"],
+    buckets=LATENCY_BUCKETS)
+REQUESTS_TOTAL = Counter("zbk_bookie_requests_total", "Requests answered, by operation and status", ["op", "status"])
+ENTRIES_ADDED_TOTAL = Counter("zbk_bookie_entries_added_total", "Entries acknowledged by this bookie")
+BAD_FRAMES_TOTAL = Counter("zbk_bookie_bad_frames_total", "Frames that could not be decoded", ["action"])
+JOURNAL_FSYNC_SECONDS = Histogram("zbk_journal_fsync_seconds", "Journal group commit: write + fsync time",
+                                  buckets=LATENCY_BUCKETS)
+JOURNAL_GROUP_COMMIT_ENTRIES = Histogram("zbk_journal_group_commit_entries", "Entries made durable per journal fsync",
+                                         buckets=GROUP_BUCKETS)
+JOURNAL_QUEUE_DEPTH = Gauge("zbk_journal_queue_depth", "Batches waiting for the next journal commit")
+ENTRYLOG_BYTES_WRITTEN = Counter("zbk_entrylog_bytes_written_total", "Bytes appended to entry logs")
+LEDGERS = Gauge("zbk_bookie_ledgers", "Ledgers this bookie holds")
+LIMBO_LEDGERS = Gauge("zbk_bookie_limbo_ledgers", "Ledgers in limbo (BP-46) on this bookie")
+WRITABLE = Gauge("zbk_bookie_writable", "1 if the bookie accepts adds, 0 if read-only")
+DISK_USAGE_RATIO = Gauge("zbk_bookie_disk_usage_ratio", "Used / total bytes of the fullest ledger or journal disk")
+CHECKPOINTS_TOTAL = Counter("zbk_bookie_checkpoints_total", "Checkpoints completed (logs and index flushed, mark persisted)")
+GC_RECLAIMED_BYTES = Counter("zbk_gc_reclaimed_bytes_total", "Bytes of entry logs reclaimed by garbage collection")
+GC_COMPACTIONS = Counter("zbk_gc_compactions_total", "Entry log compactions", ["kind"])

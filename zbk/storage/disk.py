@@ -1,0 +1,164 @@
+"""The narrow interface between zbk's storage formats and the operating system's disks.
+
+Every byte the storage modules must not lose goes through a :class:`Disk`: ``write`` /
+``pwrite`` (all bytes or an ``OSError``), ``fsync`` of a file, ``fsync_dir`` after a name
+was created, renamed or removed, ``write_file_atomic`` (tmp file, fsync, rename, fsync
+directory: readers see the old or the new contents, never a mix), and ``usage`` for the
+disk checker. Reads go straight to ``os.pread``: a read never needs to survive a crash.
+
+:class:`RealDisk` is the only implementation used by a bookie. :class:`FaultyDisk` is a
+test fake that runs out of space after a byte budget (writing the part that fits first,
+like a real ``ENOSPC``) or fails ``fsync`` with ``EIO``, so tests can check that a failure
+surfaces as an ``OSError`` and leaves already-durable data intact.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # collections.abc.Buffer arrives with Python 3.12
+    from typing_extensions import Buffer
+
+
+class Disk(Protocol):
+    def write(self, fd: int, data: Buffer) -> None:
+        """Append all of ``data`` at the file position of ``fd`` (short writes are retried)."""
+
+    def pwrite(self, fd: int, data: Buffer, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` without moving the file position."""
+
+    def fsync(self, fd: int) -> None:
+        """Make the file's data and metadata durable."""
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the names in directory ``path`` durable (after create, rename or unlink)."""
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Cut the file to ``size`` bytes (not yet durable: follow with :meth:`fsync`)."""
+
+    def write_file_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` durably: the old or the new contents, never a mix."""
+
+    def usage(self, path: str) -> tuple[int, int]:
+        """``(used_bytes, total_bytes)`` of the file system holding ``path``."""
+
+
+class RealDisk:
+    """The operating system, with the write loops and fsyncs that durability needs."""
+
+    def write(self, fd: int, data: Buffer) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def pwrite(self, fd: int, data: Buffer, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def write_file_atomic(self, path: str, data: bytes) -> None:
+        # The tmp name is fixed per target: a leftover from a crash is simply overwritten.
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self.write(fd, data)
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self.fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+    def usage(self, path: str) -> tuple[int, int]:
+        st = os.statvfs(path)
+        total = st.f_blocks * st.f_frsize
+        # Blocks reserved for root are not usable by the bookie: count them as used.
+        return total - st.f_bavail * st.f_frsize, total
+
+
+class FaultyDisk(RealDisk):
+    """A :class:`RealDisk` that fails on command (tests only).
+
+    ``write_bytes_left``: bytes that may still be written; the write that crosses the
+    budget writes what fits, then raises ``OSError(ENOSPC)`` (``None``: unlimited).
+    ``fail_fsync`` / ``fail_fsync_dir``: every (directory) fsync raises ``OSError(EIO)``.
+    ``usage_result``: what :meth:`usage` answers instead of the real file system.
+    Counters let tests check group commit (one write and one fsync per batch).
+    """
+
+    def __init__(self, *, write_bytes_left: int | None = None, fail_fsync: bool = False,
+                 fail_fsync_dir: bool = False, usage_result: tuple[int, int] | None = None) -> None:
+        self.write_bytes_left = write_bytes_left
+        self.fail_fsync = fail_fsync
+        self.fail_fsync_dir = fail_fsync_dir
+        self.usage_result = usage_result
+        self.writes = 0
+        self.bytes_written = 0
+        self.fsyncs = 0
+        self.dir_fsyncs = 0
+
+    def _budget(self, data: Buffer) -> memoryview:
+        """The part of ``data`` that fits in the budget (all of it when unlimited)."""
+        view = memoryview(data).cast("B")
+        if self.write_bytes_left is None:
+            return view
+        return view[: max(0, self.write_bytes_left)]
+
+    def _account(self, wanted: int, written: int) -> None:
+        self.writes += 1
+        self.bytes_written += written
+        if self.write_bytes_left is not None:
+            self.write_bytes_left -= written
+        if written < wanted:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def write(self, fd: int, data: Buffer) -> None:
+        part = self._budget(data)
+        super().write(fd, part)
+        self._account(memoryview(data).nbytes, part.nbytes)
+
+    def pwrite(self, fd: int, data: Buffer, offset: int) -> None:
+        part = self._budget(data)
+        super().pwrite(fd, part, offset)
+        self._account(memoryview(data).nbytes, part.nbytes)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if self.fail_fsync:
+            raise OSError(errno.EIO, "injected fsync failure")
+        super().fsync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self.dir_fsyncs += 1
+        if self.fail_fsync_dir:
+            raise OSError(errno.EIO, "injected directory fsync failure")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def usage(self, path: str) -> tuple[int, int]:
+        if self.usage_result is not None:
+            return self.usage_result
+        return super().usage(path)
+
+
+REAL_DISK: Disk = RealDisk()

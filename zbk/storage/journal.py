@@ -1,0 +1,434 @@
+"""The journal: the bookie's write-ahead log (format version 1).
+
+Files
+    ``<journal dir>/<segment id as 16 hex digits>.jnl``. Segment ids start at 1 and grow by
+    one; a :class:`JournalWriter` always opens a NEW segment (max existing id + 1), so a
+    segment that replay truncated is never appended to again.
+
+Segment header (24 bytes, written and fsynced, with the directory, before any record)::
+
+    0   8s   magic  b"ZBKJRNL\\0"
+    8   u32  format version (1)
+    12  u64  segment id (must match the file name)
+    20  u32  crc32c of bytes [0, 20)
+
+Record (all integers little-endian)::
+
+    0   u32  length: bytes after the crc (type + ledger id + entry id + payload), >= 17
+    4   u32  crc32c of those ``length`` bytes
+    8   u8   record type (:class:`RecordType`)
+    9   u64  ledger id
+    17  i64  entry id (-1 when the type has none; LIMBO: 1 set / 0 clear; EXPLICIT_LAC: the LAC)
+    25  ...  payload (ADD: the entry blob; MASTER_KEY: the key; others: empty)
+
+Batches and group commit
+    Records are encoded into one in-memory buffer; :meth:`JournalWriter.sync` writes the
+    whole buffer with one ``write()`` and one ``fsync`` (group commit). Every such write is
+    a *batch* that starts with a 33-byte BATCH record: ledger id = segment id, entry id =
+    ``synced_upto`` (how many bytes of this segment were known durable, i.e. fsynced,
+    when the batch was written) and payload ``b"ZBKBATCH"``. Replay skips BATCH records;
+    they exist to tell a torn tail from corruption. :meth:`JournalWriter.close` ends the
+    segment with an empty batch written after the final fsync, so after a clean shutdown
+    even the last data record is covered by a later ``synced_upto``.
+
+Torn tail versus corruption (the replay rule)
+    Replay reads records from the last checkpointed :class:`LogMark`. A *bad* record is a
+    short header, a length outside [17, 17 + journal_record_bytes_max], a length past the
+    end of the file, or a CRC mismatch. At a bad record at offset X:
+
+    * in any segment but the last one -> :class:`CorruptDataError` (a segment is fsynced
+      before the writer moves to the next one, so it can hold no torn write);
+    * in the last segment, if some later valid BATCH record of this segment says
+      ``synced_upto > X`` -> :class:`CorruptDataError`: X was fsynced (and possibly
+      acknowledged) before that later batch was written, so this is damage, not a tear;
+    * otherwise X lies in the final, never-completed write: a torn tail. The file is
+      truncated at X (and fsynced) with a warning naming the file and the offset.
+
+    Consequence: bit rot that strikes the final batch of a segment that was not closed
+    cleanly is indistinguishable from a torn write and is truncated. The records lost that
+    way are replicated on the ledger's other bookies, and the crash already makes the
+    bookie run BP-46 phase one (fence + limbo) for every open ledger.
+
+    A CRC-valid record of an unknown type is always :class:`CorruptDataError` (a format
+    this code does not know, never skipped). A last segment shorter than its header, or
+    exactly a header long with a bad header, is a segment whose creation was interrupted:
+    it holds no record and is removed with a warning.
+
+Rotation
+    When a segment has reached ``segment_bytes_max``, the next :meth:`JournalWriter.sync`
+    first fsyncs it (if the last sync skipped fsync), then creates the next segment. Old
+    segments are removed by :meth:`JournalWriter.delete_segments_before` once a
+    checkpoint has made everything before a mark durable elsewhere.
+
+Failure
+    Any ``OSError`` while writing or syncing poisons the writer: the file may now end in a
+    partial batch, so every later call raises :class:`BookieIOError` and the owner must
+    stop (a reboot replays and truncates the partial batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Generator, Iterator
+from enum import IntEnum
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+from zbk import limits
+from zbk.errors import BookieIOError, CorruptDataError
+from zbk.storage.disk import REAL_DISK, Disk
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SEGMENT_MAGIC = b"ZBKJRNL\x00"
+SEGMENT_SUFFIX = ".jnl"
+BATCH_MAGIC = b"ZBKBATCH"
+
+_SEG_HEADER = struct.Struct("<8sIQ")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _SEG_HEADER.size + _CRC.size  # 24
+_PREFIX = struct.Struct("<II")  # length, crc32c
+_BODY = struct.Struct("<BQq")  # type, ledger id, entry id
+RECORD_HEADER_BYTES = _PREFIX.size + _BODY.size  # 25
+_BODY_MIN = _BODY.size  # 17
+_BODY_MAX = _BODY.size + limits.journal_record_bytes_max
+_BATCH_BODY = _BODY.size + len(BATCH_MAGIC)  # 25
+BATCH_RECORD_BYTES = _PREFIX.size + _BATCH_BODY  # 33
+_pack_body = _BODY.pack
+_pack_prefix = _PREFIX.pack
+
+
+class RecordType(IntEnum):
+    BATCH = 0  # start of one write (group commit); internal, never yielded by replay
+    ADD = 1  # an entry was added: ledger id, entry id, payload = the entry blob
+    FENCE = 2  # the ledger was fenced on this bookie
+    MASTER_KEY = 3  # the ledger's master key: payload = key bytes
+    LIMBO = 4  # BP-46 limbo state: entry id 1 = set, 0 = cleared
+    EXPLICIT_LAC = 5  # explicit last-add-confirmed: entry id = the LAC
+
+
+_KNOWN_TYPES = frozenset(int(t) for t in RecordType)
+
+
+class LogMark(NamedTuple):
+    """A position in the journal: everything before it is covered. Orders as a tuple."""
+
+    segment_id: int
+    offset: int
+
+
+START = LogMark(0, 0)  # before the first segment: replay everything
+
+
+class JournalRecord(NamedTuple):
+    type: RecordType
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+
+
+def segment_name(segment_id: int) -> str:
+    return f"{segment_id:016x}{SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: str) -> list[int]:
+    """Segment ids present in ``directory``, ascending (other files are ignored)."""
+    ids = []
+    for name in os.listdir(directory):
+        stem, dot, ext = name.partition(".")
+        if dot and "." + ext == SEGMENT_SUFFIX and len(stem) == 16:
+            try:
+                ids.append(int(stem, 16))
+            except ValueError:
+                continue
+    return sorted(ids)
+
+
+def _encode_header(segment_id: int) -> bytes:
+    head = _SEG_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, segment_id)
+    return head + _CRC.pack(crc32c(head))
+
+
+def _header_ok(data: bytes | mmap.mmap, segment_id: int) -> bool:
+    magic, version, sid = _SEG_HEADER.unpack_from(data, 0)
+    (crc,) = _CRC.unpack_from(data, _SEG_HEADER.size)
+    return (magic == SEGMENT_MAGIC and crc == crc32c(data[: _SEG_HEADER.size])
+            and version == FORMAT_VERSION and sid == segment_id)
+
+
+def _batch_record(segment_id: int, synced_upto: int) -> bytes:
+    body = _BODY.pack(RecordType.BATCH, segment_id, synced_upto) + BATCH_MAGIC
+    return _PREFIX.pack(len(body), crc32c(body)) + body
+
+
+class JournalWriter:
+    """Appends journal records into the current segment with group commit.
+
+    One owner (the JournalWriter actor); not thread-safe. ``append`` only encodes into
+    memory; nothing is durable until :meth:`sync` returns.
+    """
+
+    def __init__(self, directory: str, segment_bytes_max: int = limits.journal_segment_bytes_default,
+                 disk: Disk = REAL_DISK) -> None:
+        assert segment_bytes_max > HEADER_BYTES, "segment_bytes_max too small"
+        self._dir = directory
+        self._segment_bytes_max = segment_bytes_max
+        self._disk = disk
+        self._failed: BaseException | None = None
+        os.makedirs(directory, exist_ok=True)
+        existing = list_segments(directory)
+        self._segment_id = existing[-1] + 1 if existing else 1
+        self._fd = -1
+        self._offset = 0  # bytes written to the current segment
+        self._synced = 0  # bytes of the current segment known to be fsynced
+        # The buffer always starts with room for the batch record, filled in by sync().
+        self._buf = bytearray(BATCH_RECORD_BYTES)
+        self._open_segment()
+
+    # --- appending ---------------------------------------------------------------------
+
+    def append(self, rec_type: RecordType, ledger_id: int, entry_id: int = -1, payload: bytes = b"") -> int:
+        """Encode one record into the buffer; returns the bytes now waiting for :meth:`sync`."""
+        assert len(payload) <= limits.journal_record_bytes_max, "journal record too large"
+        body = _pack_body(rec_type, ledger_id, entry_id)
+        buf = self._buf
+        # Two appends, not three: each bytearray append costs about as much as the crc.
+        buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body))) + body
+        buf += payload
+        return len(buf) - BATCH_RECORD_BYTES
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended but not yet written by :meth:`sync`."""
+        return len(self._buf) - BATCH_RECORD_BYTES
+
+    @property
+    def mark(self) -> LogMark:
+        """The position after the last record written (not necessarily fsynced)."""
+        return LogMark(self._segment_id, self._offset)
+
+    @property
+    def synced_mark(self) -> LogMark:
+        """The position after the last record known to be fsynced."""
+        return LogMark(self._segment_id, self._synced)
+
+    @property
+    def segment_id(self) -> int:
+        return self._segment_id
+
+    def sync(self, fsync: bool = True) -> LogMark:
+        """Write everything buffered in one ``write()``, then ``fsync`` (group commit).
+
+        Returns the mark after the last record written. With ``fsync=False`` the records are
+        handed to the page cache only (``journal_sync_data = false``): they survive a
+        process crash but not a power loss.
+        """
+        self._check_usable()
+        try:
+            if self._offset >= self._segment_bytes_max:
+                self._rotate()
+            if self.pending_bytes:
+                self._write_batch()
+            if fsync and self._synced < self._offset:
+                self._disk.fsync(self._fd)
+                self._synced = self._offset
+        except OSError as e:
+            self._failed = e
+            raise
+        return self.mark
+
+    def _write_batch(self) -> None:
+        buf = self._buf
+        buf[:BATCH_RECORD_BYTES] = _batch_record(self._segment_id, self._synced)
+        self._buf = bytearray(BATCH_RECORD_BYTES)
+        self._disk.write(self._fd, buf)
+        self._offset += len(buf)
+
+    # --- segments ----------------------------------------------------------------------
+
+    def _open_segment(self) -> None:
+        path = os.path.join(self._dir, segment_name(self._segment_id))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._disk.write(fd, _encode_header(self._segment_id))
+            self._disk.fsync(fd)
+            self._disk.fsync_dir(self._dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._offset = self._synced = HEADER_BYTES
+
+    def _rotate(self) -> None:
+        # A segment is complete and durable before the next one exists: replay relies on
+        # it (a bad record in a non-last segment is corruption, never a torn write).
+        if self._synced < self._offset:
+            self._disk.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        self._segment_id += 1
+        self._open_segment()
+
+    def segments(self) -> list[int]:
+        """Segment ids on disk, ascending (the current one included)."""
+        return list_segments(self._dir)
+
+    def delete_segments_before(self, mark: LogMark) -> list[int]:
+        """Remove segments wholly before ``mark`` (never the current one); returns their ids.
+
+        Call only after a checkpoint made everything before ``mark`` durable in the entry
+        logs and the index, and persisted ``mark`` as the last mark.
+        """
+        doomed = [s for s in list_segments(self._dir) if s < mark.segment_id and s != self._segment_id]
+        for sid in doomed:
+            os.unlink(os.path.join(self._dir, segment_name(sid)))
+        if doomed:
+            self._disk.fsync_dir(self._dir)
+        return doomed
+
+    def close(self) -> None:
+        """Sync what is buffered, seal the segment with an empty batch, close the file."""
+        if self._fd < 0:
+            return
+        try:
+            if self._failed is None:
+                if self.pending_bytes:  # no rotation here: the closing batch belongs to this segment
+                    self._write_batch()
+                if self._synced < self._offset:
+                    self._disk.fsync(self._fd)
+                    self._synced = self._offset
+                # The closing batch proves that everything before it was fsynced (see the
+                # replay rule): damage in the last data record then reads as corruption.
+                self._write_batch()
+                self._disk.fsync(self._fd)
+                self._synced = self._offset
+        except OSError as e:
+            self._failed = e
+            raise
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise BookieIOError(f"journal writer failed earlier: {self._failed}")
+        assert self._fd >= 0, "journal writer is closed"
+
+
+# --- replay ------------------------------------------------------------------------------
+
+
+def replay(directory: str, from_mark: LogMark = START,
+           disk: Disk = REAL_DISK) -> Iterator[tuple[JournalRecord, LogMark]]:
+    """Yield every record after ``from_mark`` with the mark just after it, oldest first.
+
+    Applies the module's torn-tail rule: a torn tail of the last segment is truncated
+    (with a warning) when the iteration reaches it; damage anywhere else raises
+    :class:`CorruptDataError` naming the file and offset. Run it before a
+    :class:`JournalWriter` is opened on the same directory.
+    """
+    if not os.path.isdir(directory):
+        return
+    ids = [s for s in list_segments(directory) if s >= from_mark.segment_id]
+    if from_mark.offset > 0 and from_mark.segment_id not in ids:
+        raise CorruptDataError(f"journal segment {from_mark.segment_id} of the last mark is missing",
+                               path=os.path.join(directory, segment_name(from_mark.segment_id)),
+                               offset=from_mark.offset)
+    for n, sid in enumerate(ids):
+        if n and sid != ids[n - 1] + 1:
+            raise CorruptDataError(f"journal segment {ids[n - 1] + 1} is missing",
+                                   path=os.path.join(directory, segment_name(ids[n - 1] + 1)), offset=0)
+        start = from_mark.offset if sid == from_mark.segment_id else HEADER_BYTES
+        path = os.path.join(directory, segment_name(sid))
+        yield from _replay_segment(path, sid, start, n == len(ids) - 1, disk)
+
+
+def _replay_segment(path: str, sid: int, start: int, last: bool,
+                    disk: Disk) -> Iterator[tuple[JournalRecord, LogMark]]:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if not _segment_header_usable(fd, path, sid, size, last, disk):
+            return
+        start = max(start, HEADER_BYTES)
+        if start > size:
+            log.warning("journal %s: last mark offset %d is past the end (%d bytes); nothing to replay",
+                        path, start, size)
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            bad = yield from _records(mm, path, sid, start, size)
+            if bad >= 0:
+                _check_torn_tail(mm, path, sid, bad, last)
+        if bad >= 0:
+            log.warning("journal %s: torn tail at offset %d (%d bytes); truncating", path, bad, size - bad)
+            disk.truncate(fd, bad)
+            disk.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _segment_header_usable(fd: int, path: str, sid: int, size: int, last: bool, disk: Disk) -> bool:
+    """True when the header is valid; removes a last segment whose creation was torn."""
+    head = os.pread(fd, HEADER_BYTES, 0)
+    if len(head) == HEADER_BYTES and _header_ok(head, sid):
+        return True
+    if last and size <= HEADER_BYTES:
+        log.warning("journal %s: segment creation was interrupted (%d bytes); removing it", path, size)
+        os.unlink(path)
+        disk.fsync_dir(os.path.dirname(path))
+        return False
+    raise CorruptDataError("journal segment header is invalid", path=path, offset=0)
+
+
+def _records(mm: mmap.mmap, path: str, sid: int, pos: int,
+             size: int) -> Generator[tuple[JournalRecord, LogMark], None, int]:
+    """Yield the valid records from ``pos``; returns the offset of a bad record, or -1."""
+    prefix, body_hdr = _PREFIX.unpack_from, _BODY.unpack_from
+    while pos < size:
+        if pos + RECORD_HEADER_BYTES > size:
+            return pos
+        length, crc = prefix(mm, pos)
+        end = pos + _PREFIX.size + length
+        if not _BODY_MIN <= length <= _BODY_MAX or end > size:
+            return pos
+        if crc32c(mm[pos + _PREFIX.size:end]) != crc:
+            return pos
+        rtype, ledger_id, entry_id = body_hdr(mm, pos + _PREFIX.size)
+        if rtype not in _KNOWN_TYPES:
+            raise CorruptDataError(f"journal record of unknown type {rtype}", path=path, offset=pos)
+        if rtype == RecordType.BATCH:
+            if ledger_id != sid or entry_id > pos:
+                raise CorruptDataError("journal batch record does not belong here", path=path, offset=pos)
+        else:
+            payload = mm[pos + RECORD_HEADER_BYTES:end]
+            yield JournalRecord(RecordType(rtype), ledger_id, entry_id, payload), LogMark(sid, end)
+        pos = end
+    return -1
+
+
+def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, bad: int, last: bool) -> None:
+    """Raise unless the bad record at ``bad`` is a torn tail (see the module's rule)."""
+    if not last:
+        raise CorruptDataError("journal record is corrupt in a sealed segment", path=path, offset=bad)
+    if _durable_beyond(mm, sid, bad):
+        raise CorruptDataError("journal record is corrupt before later durable batches", path=path,
+                               offset=bad)
+
+
+def _durable_beyond(mm: mmap.mmap, sid: int, bad: int) -> bool:
+    """True when a valid BATCH record after ``bad`` says ``bad`` had already been fsynced."""
+    at = mm.find(BATCH_MAGIC, bad + RECORD_HEADER_BYTES + 1)
+    while at >= 0:
+        rec = at - RECORD_HEADER_BYTES
+        length, crc = _PREFIX.unpack_from(mm, rec)
+        if length == _BATCH_BODY and crc == crc32c(mm[rec + _PREFIX.size:at + len(BATCH_MAGIC)]):
+            rtype, seg, synced_upto = _BODY.unpack_from(mm, rec + _PREFIX.size)
+            if rtype == RecordType.BATCH and seg == sid and synced_upto > bad:
+                return True
+        at = mm.find(BATCH_MAGIC, at + 1)
+    return False

@@ -1,0 +1,375 @@
+"""The ledger cache: index pages and ledger headers in memory, flushed lazily to index files.
+
+``put`` only touches memory (the add path); :meth:`LedgerCache.flush` writes every dirty
+page and header and fsyncs them (checkpoint step two, after the entry logs were flushed,
+so an index on disk never points at entry-log bytes that are not durable).
+
+Memory: pages are ``PAGE_BYTES`` each (16 KiB with 1024 entries per page). Clean pages
+are evicted least-recently-used first when the cache holds more than ``bytes_max``. A
+dirty page is never dropped: when dirty pages alone reach ``bytes_max``,
+:attr:`LedgerCache.needs_flush` turns true and the owner should run a checkpoint. Per
+ledger the cache also keeps a small state record (path, header, highest entry id put);
+those are not counted in ``bytes_max``.
+
+One owner (the IndexSyncer actor); not thread-safe. The file format is in
+:mod:`zbk.storage.index`.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zbk import limits
+from zbk.errors import BadRequestError, CorruptDataError
+from zbk.storage import index
+from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
+
+log = logging.getLogger(__name__)
+
+_FDS_MAX = 256
+Page = array.array  # of int: (location, check) words; see zbk.storage.index
+
+
+@dataclass(eq=False)
+class _Ledger:
+    ledger_id: int
+    path: str
+    on_disk: bool  # the index file exists
+    header: IndexHeader | None = None  # loaded lazily
+    max_put: int = -1  # highest entry id put since this cache opened
+    disk_last: int | None = None  # highest entry id in the file when first asked
+    disk_pages: int | None = None  # pages in the file (None: not yet looked)
+    pages: set[int] = field(default_factory=set)  # page numbers held in the cache
+
+
+class LedgerCache:
+    """Entry id -> location for every ledger of a bookie, and each ledger's header."""
+
+    def __init__(self, index_dirs: Sequence[str], bytes_max: int = limits.ledger_cache_bytes_max_default,
+                 disk: Disk = REAL_DISK) -> None:
+        assert index_dirs, "at least one index directory"
+        assert bytes_max >= PAGE_BYTES, "the cache must hold at least one page"
+        self._dirs = tuple(index_dirs)
+        self._bytes_max = bytes_max
+        self._disk = disk
+        self._ledgers: dict[int, _Ledger] = {}
+        self._dirty: dict[tuple[int, int], Page] = {}
+        self._clean: OrderedDict[tuple[int, int], Page] = OrderedDict()
+        self._header_dirty: set[int] = set()
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        for d in self._dirs:
+            os.makedirs(d, exist_ok=True)
+            for ledger_id, path in index.list_index_files(d).items():
+                if ledger_id in self._ledgers:
+                    raise CorruptDataError(f"ledger {ledger_id} has two index files (also "
+                                           f"{self._ledgers[ledger_id].path})", path=path, offset=0)
+                self._ledgers[ledger_id] = _Ledger(ledger_id, path, on_disk=True)
+
+    # --- entries -------------------------------------------------------------------------
+
+    def put(self, ledger_id: int, entry_id: int, location: int) -> None:
+        """Record an entry's location (memory only; durable after :meth:`flush`)."""
+        assert entry_id >= 0 and location > 0
+        key = (ledger_id, entry_id // PAGE_ENTRIES)
+        page = self._dirty.get(key)
+        if page is None:
+            page = self._make_dirty(key)
+        i = (entry_id % PAGE_ENTRIES) * 2
+        page[i] = location
+        page[i + 1] = location ^ entry_id ^ SLOT_KEY
+        led = self._ledgers[ledger_id]
+        if entry_id > led.max_put:
+            led.max_put = entry_id
+
+    def _make_dirty(self, key: tuple[int, int]) -> Page:
+        led = self._ledger_for_write(key[0])
+        page = self._clean.pop(key, None)
+        if page is None:
+            page = self._load_page(led, key[1])
+            led.pages.add(key[1])
+        self._dirty[key] = page
+        self._evict()
+        return page
+
+    def get(self, ledger_id: int, entry_id: int) -> int | None:
+        """The entry's location, or ``None`` when this bookie does not hold it."""
+        key = (ledger_id, entry_id // PAGE_ENTRIES)
+        page = self._dirty.get(key)
+        if page is None:
+            page = self._clean.get(key)
+            if page is not None:
+                self._clean.move_to_end(key)
+            else:
+                led = self._ledgers.get(ledger_id)
+                if led is None or not led.on_disk or key[1] >= self._disk_pages(led):
+                    return None
+                page = self._load_page(led, key[1])
+                self._clean[key] = page
+                led.pages.add(key[1])
+                self._evict()
+        return index.slot_location(page, entry_id, self._ledgers[ledger_id].path)
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id held for the ledger (-1 when none)."""
+        led = self._ledgers.get(ledger_id)
+        if led is None:
+            return -1
+        if led.disk_last is None:
+            led.disk_last = self._last_on_disk(led)
+        return max(led.max_put, led.disk_last)
+
+    def _last_on_disk(self, led: _Ledger) -> int:
+        for page_no in range(self._disk_pages(led) - 1, -1, -1):
+            present = index.page_entries(self._peek_page(led, page_no), page_no, led.path)
+            if present:
+                return present[-1]
+        return -1
+
+    def entry_ids(self, ledger_id: int) -> list[tuple[int, int]]:
+        """The entry ids held for the ledger as inclusive ``(first, last)`` ranges, ascending."""
+        led = self._ledgers.get(ledger_id)
+        if led is None:
+            return []
+        pages = max(self._disk_pages(led), max(led.pages, default=-1) + 1)
+        ranges: list[tuple[int, int]] = []
+        for page_no in range(pages):
+            for entry_id in index.page_entries(self._peek_page(led, page_no), page_no, led.path):
+                if ranges and ranges[-1][1] == entry_id - 1:
+                    ranges[-1] = (ranges[-1][0], entry_id)
+                else:
+                    ranges.append((entry_id, entry_id))
+        return ranges
+
+    def _peek_page(self, led: _Ledger, page_no: int) -> Page:
+        """A page for a whole-ledger walk: from the cache if there, else read without caching it."""
+        key = (led.ledger_id, page_no)
+        page = self._dirty.get(key)
+        if page is None:
+            page = self._clean.get(key)
+        return page if page is not None else self._load_page(led, page_no)
+
+    # --- headers ---------------------------------------------------------------------------
+
+    def set_master_key(self, ledger_id: int, key: bytes) -> None:
+        if len(key) > index.MASTER_KEY_BYTES_MAX:
+            raise BadRequestError(f"master key of {len(key)} bytes exceeds {index.MASTER_KEY_BYTES_MAX}")
+        self._update_header(ledger_id, master_key=key)
+
+    def get_master_key(self, ledger_id: int) -> bytes | None:
+        return self._header_of(ledger_id).master_key
+
+    def set_fenced(self, ledger_id: int, fenced: bool = True) -> bool:
+        """Set the fenced flag (fencing is permanent in the protocol; the owner decides).
+
+        Returns True when the flag changed.
+        """
+        if self._header_of(ledger_id).fenced == fenced:
+            return False
+        self._update_header(ledger_id, fenced=fenced)
+        return True
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self._header_of(ledger_id).fenced
+
+    def set_limbo(self, ledger_id: int, limbo: bool) -> None:
+        self._update_header(ledger_id, limbo=limbo)
+
+    def is_limbo(self, ledger_id: int) -> bool:
+        return self._header_of(ledger_id).limbo
+
+    def set_explicit_lac(self, ledger_id: int, lac: int) -> None:
+        self._update_header(ledger_id, explicit_lac=lac)
+
+    def get_explicit_lac(self, ledger_id: int) -> int:
+        """The explicit LAC, -1 when none was set (so ``max`` works without a special case)."""
+        return self._header_of(ledger_id).explicit_lac
+
+    def header(self, ledger_id: int) -> IndexHeader:
+        """A copy of the ledger's header (defaults for an unknown ledger)."""
+        h = self._header_of(ledger_id)
+        return IndexHeader(h.fenced, h.limbo, h.master_key, h.explicit_lac)
+
+    def _header_of(self, ledger_id: int) -> IndexHeader:
+        led = self._ledgers.get(ledger_id)
+        if led is None:
+            return IndexHeader()
+        if led.header is None:
+            led.header = self._read_header(led)
+        return led.header
+
+    def _read_header(self, led: _Ledger) -> IndexHeader:
+        if not led.on_disk:
+            return IndexHeader()
+        data = os.pread(self._fd(led), index.HEADER_BYTES, 0)
+        return index.decode_header(data, led.ledger_id, led.path)
+
+    def _update_header(self, ledger_id: int, **changes: object) -> None:
+        self._ledger_for_write(ledger_id)
+        header = self._header_of(ledger_id)
+        for name, value in changes.items():
+            setattr(header, name, value)
+        self._header_dirty.add(ledger_id)
+
+    def flush_header(self, ledger_id: int) -> None:
+        """Write the ledger's header durably now (creating the index file if needed)."""
+        led = self._ledgers.get(ledger_id)
+        if led is None:
+            return
+        new_dirs = self._ensure_file(led)
+        fd = self._fd(led)
+        self._disk.pwrite(fd, self._header_of(ledger_id).encode(ledger_id), 0)
+        self._disk.fsync(fd)
+        for d in new_dirs:
+            self._disk.fsync_dir(d)
+        self._header_dirty.discard(ledger_id)
+
+    # --- ledgers -------------------------------------------------------------------------
+
+    def exists(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def ledgers(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    def delete_ledger(self, ledger_id: int) -> bool:
+        """Forget the ledger and remove its index file durably; False when it was unknown."""
+        led = self._ledgers.pop(ledger_id, None)
+        if led is None:
+            return False
+        for page_no in led.pages:
+            self._dirty.pop((ledger_id, page_no), None)
+            self._clean.pop((ledger_id, page_no), None)
+        self._header_dirty.discard(ledger_id)
+        fd = self._fds.pop(ledger_id, None)
+        if fd is not None:
+            os.close(fd)
+        if led.on_disk:
+            os.unlink(led.path)
+            self._disk.fsync_dir(os.path.dirname(led.path))
+        return True
+
+    def _ledger_for_write(self, ledger_id: int) -> _Ledger:
+        led = self._ledgers.get(ledger_id)
+        if led is None:
+            directory = self._dirs[ledger_id % len(self._dirs)]
+            led = _Ledger(ledger_id, index.index_path(directory, ledger_id), on_disk=False,
+                          header=IndexHeader(), disk_last=-1, disk_pages=0)
+            self._ledgers[ledger_id] = led
+            self._header_dirty.add(ledger_id)  # a new ledger's file is created at the next flush
+        return led
+
+    # --- flushing and memory -----------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write every dirty page and header, fsync files and directories; returns bytes written.
+
+        Pages stay dirty until every fsync succeeded, so a failed flush can be retried and
+        never loses an update.
+        """
+        pages_of: dict[int, list[int]] = {ledger_id: [] for ledger_id in self._header_dirty}
+        for ledger_id, page_no in sorted(self._dirty):
+            pages_of.setdefault(ledger_id, []).append(page_no)
+        written = 0
+        new_dirs: set[str] = set()
+        for ledger_id in sorted(pages_of):
+            written += self._flush_ledger(self._ledgers[ledger_id], pages_of[ledger_id], new_dirs)
+        for d in sorted(new_dirs):
+            self._disk.fsync_dir(d)
+        self._mark_clean()
+        return written
+
+    def _flush_ledger(self, led: _Ledger, page_nos: list[int], new_dirs: set[str]) -> int:
+        # One file at a time, fsynced through the descriptor that wrote it, so a writeback
+        # error is reported to us and not to a descriptor opened later.
+        new_dirs.update(self._ensure_file(led))
+        fd = self._fd(led)
+        for page_no in page_nos:
+            index.write_page(self._disk, fd, page_no, self._dirty[(led.ledger_id, page_no)])
+        written = len(page_nos) * PAGE_BYTES
+        if led.ledger_id in self._header_dirty:
+            self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
+            written += index.HEADER_BYTES
+        self._disk.fsync(fd)
+        return written
+
+    def _mark_clean(self) -> None:
+        for (ledger_id, page_no), page in self._dirty.items():
+            led = self._ledgers[ledger_id]
+            if led.disk_pages is not None and page_no >= led.disk_pages:
+                led.disk_pages = page_no + 1
+            self._clean[(ledger_id, page_no)] = page
+        self._dirty.clear()
+        self._header_dirty.clear()
+        self._evict()
+
+    def _ensure_file(self, led: _Ledger) -> list[str]:
+        """Create the ledger's index file with its header; returns directories to fsync."""
+        if led.on_disk:
+            return []
+        shard = os.path.dirname(led.path)
+        new_dirs = [shard]
+        if not os.path.isdir(shard):
+            os.makedirs(shard)
+            new_dirs.append(os.path.dirname(shard))
+        fd = os.open(led.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._remember_fd(led.ledger_id, fd)
+        led.on_disk = True
+        # Written at once so that the file never starts without a header.
+        self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
+        return new_dirs
+
+    @property
+    def cached_bytes(self) -> int:
+        return (len(self._dirty) + len(self._clean)) * PAGE_BYTES
+
+    @property
+    def dirty_bytes(self) -> int:
+        return len(self._dirty) * PAGE_BYTES
+
+    @property
+    def needs_flush(self) -> bool:
+        """True when dirty pages alone fill ``bytes_max``: the owner should checkpoint."""
+        return len(self._dirty) * PAGE_BYTES >= self._bytes_max
+
+    def _evict(self) -> None:
+        over = self.cached_bytes - self._bytes_max
+        while over > 0 and self._clean:
+            (ledger_id, page_no), _ = self._clean.popitem(last=False)
+            self._ledgers[ledger_id].pages.discard(page_no)
+            over -= PAGE_BYTES
+
+    def _load_page(self, led: _Ledger, page_no: int) -> Page:
+        if not led.on_disk or page_no >= self._disk_pages(led):
+            return index.new_page()
+        return index.read_page(self._fd(led), page_no)
+
+    def _disk_pages(self, led: _Ledger) -> int:
+        if led.disk_pages is None:
+            led.disk_pages = index.page_count(os.fstat(self._fd(led)).st_size) if led.on_disk else 0
+        return led.disk_pages
+
+    def _fd(self, led: _Ledger) -> int:
+        fd = self._fds.get(led.ledger_id)
+        if fd is not None:
+            self._fds.move_to_end(led.ledger_id)
+            return fd
+        fd = os.open(led.path, os.O_RDWR)
+        self._remember_fd(led.ledger_id, fd)
+        return fd
+
+    def _remember_fd(self, ledger_id: int, fd: int) -> None:
+        self._fds[ledger_id] = fd
+        if len(self._fds) > _FDS_MAX:
+            os.close(self._fds.popitem(last=False)[1])
+
+    def close(self) -> None:
+        """Close file descriptors (call :meth:`flush` first: close does not write)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
