@@ -1,0 +1,72 @@
+"""Fixtures shared by every test package: real etcd servers and metadata URIs.
+
+* ``etcd_server`` (session): one etcd member on free loopback ports, shared by every test
+  that just needs an etcd; tests isolate themselves with a unique scope (``etcd_uri``).
+* ``etcd_cluster_factory``: ``factory(size=3)`` starts a private cluster (each member can be
+  killed and restarted on the same ports and data dir); all are stopped by PID at teardown.
+* ``unique_scope``, ``etcd_uri``, ``sqlite_uri``: fresh metadata locations per test.
+
+Every process these start is stopped by PID in teardown, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers.etcd import ETCD_BIN, EtcdCluster
+
+EtcdClusterFactory = Callable[..., EtcdCluster]
+
+
+def _require_etcd() -> None:
+    if not os.access(ETCD_BIN, os.X_OK):
+        pytest.fail(f"etcd not found at {ETCD_BIN}: install etcd-server (apt-get install etcd-server)")
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A one-member etcd for the whole session (do not kill it: other tests share it)."""
+    _require_etcd()
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-shared"), size=1)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def etcd_cluster_factory(tmp_path: Path) -> Iterator[EtcdClusterFactory]:
+    """Start private etcd clusters (``factory(size=3)``); each is stopped at teardown."""
+    _require_etcd()
+    started: list[EtcdCluster] = []
+
+    def factory(size: int = 3) -> EtcdCluster:
+        cluster = EtcdCluster(tmp_path / f"etcd-{len(started)}", size=size)
+        started.append(cluster)
+        return cluster.start()
+
+    try:
+        yield factory
+    finally:
+        for cluster in started:
+            cluster.stop()
+
+
+@pytest.fixture
+def unique_scope() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def etcd_uri(etcd_server: EtcdCluster, unique_scope: str) -> str:
+    """A metadata URI on the shared etcd, in a scope no other test uses."""
+    return etcd_server.uri(unique_scope)
+
+
+@pytest.fixture
+def sqlite_uri(tmp_path: Path, unique_scope: str) -> str:
+    return f"sqlite://{tmp_path / 'meta.db'}?scope={unique_scope}"

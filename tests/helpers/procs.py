@@ -1,0 +1,70 @@
+"""Loopback ports and child processes that are always stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
+
+    Another process may take it before we bind it again; starters that can detect
+    "address already in use" retry with new ports."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr appended to ``log_path``, in its own session
+    (so that a Ctrl-C aimed at pytest does not hit it before teardown does)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes], *, timeout_s: float = 5.0, kill: bool = False) -> None:
+    """Stop one child by its PID: SIGTERM (or SIGKILL with ``kill``), then SIGKILL if it
+    has not exited within ``timeout_s``; always reaps it."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+
+
+def stop_pid(pid: int, *, timeout_s: float = 5.0) -> None:
+    """Stop a process that is not our child (we cannot reap it): SIGTERM, wait, SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log file, for failure messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return f"(no log at {path})"

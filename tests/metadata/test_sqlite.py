@@ -1,0 +1,113 @@
+"""What only the embedded store has: changelog trimming, an injectable lease clock, its
+schema version, and many processes creating one file at once."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from helpers.spawn import run_racing
+from helpers.wait import wait_until
+
+from zbk.clock import FakeClock
+from zbk.errors import CorruptMetadataError, LeaseExpiredError, WatchCompactedError
+from zbk.metadata.sqlite import SqliteStore, trim_every_revisions
+from zbk.metadata.store import WatchEvent
+
+from .conftest import Recorder
+from .workers import open_and_put
+
+
+def test_changelog_is_trimmed_to_what_is_kept(tmp_path: Path) -> None:
+    with SqliteStore(str(tmp_path / "m.db"), changelog_kept=10) as store:
+        for i in range(3 * trim_every_revisions):
+            store.put("k", str(i).encode())
+        top = store.revision()
+        with pytest.raises(WatchCompactedError):
+            store.watch("k", Recorder(), start_revision=1)
+        recent = Recorder()
+        w = store.watch("k", recent, start_revision=top - 9)
+        assert [e.revision for e in recent.wait_for(10)] == list(range(top - 9, top + 1))
+        w.cancel()
+
+
+def test_watch_that_falls_behind_reports_compaction(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    with SqliteStore(path, changelog_kept=10) as store, SqliteStore(path, changelog_kept=10) as writer:
+        release = threading.Event()
+        errors: list[Exception] = []
+        seen: list[int] = []
+
+        def slow(ev: WatchEvent) -> None:
+            seen.append(ev.revision)
+            release.wait(10)
+
+        w = store.watch("s/", slow, on_error=errors.append)
+        writer.put("s/first", b"")
+        wait_until(lambda: seen, message="first event")
+        for i in range(3 * trim_every_revisions):  # meanwhile history moves past the watch
+            writer.put(f"s/{i}", b"")
+        release.set()
+        wait_until(lambda: errors, message="the compaction report")
+        assert isinstance(errors[0], WatchCompactedError)
+        count = len(seen)
+        writer.put("s/later", b"")
+        assert not wait_for_more(seen, count), "a stopped watch delivers nothing more"
+        w.cancel()
+
+
+def wait_for_more(seen: list[int], count: int) -> bool:
+    try:
+        wait_until(lambda: len(seen) > count, timeout_s=0.3)
+        return True
+    except AssertionError:
+        return False
+
+
+def test_leases_follow_the_injected_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with SqliteStore(str(tmp_path / "m.db"), clock=clock) as store:
+        lease = store.grant_lease(10)
+        store.put("l", b"1", lease=lease)
+        clock.advance(9)
+        store.keepalive(lease)
+        clock.advance(9.9)
+        assert store.get("l") is not None
+        clock.advance(0.2)
+        assert store.get("l") is None and store.list("") == []
+        with pytest.raises(LeaseExpiredError):
+            store.keepalive(lease)
+
+
+def test_expiry_is_one_logged_revision_per_lease(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with SqliteStore(str(tmp_path / "m.db"), clock=clock) as store:
+        lease = store.grant_lease(5)
+        for k in ("a", "b", "c"):
+            store.put(k, b"", lease=lease)
+        before = store.revision()
+        recorder = Recorder()
+        w = store.watch("", recorder, start_revision=before + 1)
+        clock.advance(6)
+        events = recorder.wait_for(3)
+        assert [(e.kind, e.key, e.revision) for e in events] == [
+            ("delete", "a", before + 1), ("delete", "b", before + 1), ("delete", "c", before + 1)]
+        w.cancel()
+
+
+def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = 2 WHERE name = 'format'")
+    conn.close()
+    with pytest.raises(CorruptMetadataError, match="unknown format 2"):
+        SqliteStore(path)
+
+
+def test_many_processes_create_one_file_at_once(tmp_path: Path) -> None:
+    uri = f"sqlite://{tmp_path}/fresh.db"
+    versions = run_racing(open_and_put, [(uri, f"p{i}") for i in range(4)])
+    assert sorted(versions) == [1, 2, 3, 4]
