@@ -12,6 +12,7 @@ from zbk.errors import CorruptDataError
 from zbk.storage.cookie import (
     COOKIE_FILE,
     Cookie,
+    decode_cookie,
     read_cookie,
     verify_cookies,
     write_cookie,
@@ -32,9 +33,8 @@ from .helpers import flip_byte
 
 
 def _cookie(tmp_path) -> Cookie:
-    return Cookie(bookie_id="127.0.0.1:3181", instance_id="inst-1",
-                  journal_dirs=(str(tmp_path / "j"),), ledger_dirs=(str(tmp_path / "l"),),
-                  index_dirs=(str(tmp_path / "x"),))
+    return Cookie.new("127.0.0.1:3181", "inst-1", journal_dirs=(str(tmp_path / "j"),),
+                      ledger_dirs=(str(tmp_path / "l"),), index_dirs=(str(tmp_path / "x"),))
 
 
 def _dirs(c: Cookie) -> list[str]:
@@ -43,22 +43,22 @@ def _dirs(c: Cookie) -> list[str]:
 
 def test_cookie_bytes_round_trip_and_fresh_incarnations(tmp_path):
     c = _cookie(tmp_path)
-    assert Cookie.from_bytes(c.to_bytes()) == c
+    assert decode_cookie(c.encode()) == c
     assert _cookie(tmp_path).incarnation != c.incarnation
-    doc = cbor2.loads(c.to_bytes())
+    doc = cbor2.loads(c.encode())
     assert doc["fv"] == 1 and doc["bid"] == "127.0.0.1:3181"
 
 
 def test_cookie_bytes_of_unknown_version_or_shape_are_refused(tmp_path):
-    doc = cbor2.loads(_cookie(tmp_path).to_bytes())
-    with pytest.raises(CorruptDataError, match="version 2"):
-        Cookie.from_bytes(cbor2.dumps({**doc, "fv": 2}))
-    with pytest.raises(CorruptDataError, match="missing or mistyped"):
-        Cookie.from_bytes(cbor2.dumps({k: v for k, v in doc.items() if k != "iid"}))
-    with pytest.raises(CorruptDataError, match="missing or mistyped"):
-        Cookie.from_bytes(cbor2.dumps({**doc, "jd": "not-a-list"}))
+    doc = cbor2.loads(_cookie(tmp_path).encode())
+    with pytest.raises(CorruptDataError, match="format version 2"):
+        decode_cookie(cbor2.dumps({**doc, "fv": 2}))
+    with pytest.raises(CorruptDataError, match="malformed"):
+        decode_cookie(cbor2.dumps({k: v for k, v in doc.items() if k != "iid"}))
+    with pytest.raises(CorruptDataError, match="malformed"):
+        decode_cookie(cbor2.dumps({**doc, "jd": "not-a-list"}))
     with pytest.raises(CorruptDataError):
-        Cookie.from_bytes(b"\xff\x00garbage")
+        decode_cookie(b"\xff\x00garbage")
 
 
 def test_cookie_files_verify(tmp_path):

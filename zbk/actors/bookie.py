@@ -109,7 +109,7 @@ class Bookie:
             self._write_cookies(expected, None, dirs)
             return False
         reasons: list[str] = []
-        meta_cookie = cookies.Cookie.from_bytes(stored.value) if stored else None
+        meta_cookie = cookies.Cookie.decode(stored.value) if stored else None
         if meta_cookie is None:
             reasons.append("no cookie in metadata for this bookie id")
         for d, c in local.items():
@@ -130,7 +130,7 @@ class Bookie:
         return True
 
     def _write_cookies(self, cookie: cookies.Cookie, version: int | None, dirs: list[str]) -> None:
-        data = cookie.to_bytes()
+        data = cookie.encode()
         for d in dirs:
             cookies.write_cookie(d, cookie)
         key = layout.cookie_key(self.cfg.bookie_id)
