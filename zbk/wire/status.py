@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import IntEnum
 
 
+# Numbers are part of the wire protocol (docs/protocol.md, "Status codes"): add new codes at
+# the end, never renumber or reuse one. Clients treat any code they do not know as "unknown".
 class Status(IntEnum):
     EOK = 0  # the request succeeded
     ENOLEDGER = 1  # explicit negative: this bookie has never stored anything of the ledger

@@ -1,0 +1,367 @@
+"""Round trips and strict validation of the wire codec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from wire_strategies import I64_MAX, U64_MAX, requests, responses
+
+from zbk import limits
+from zbk.errors import BadRequestError, status_for_error
+from zbk.wire.codec import decode_request, decode_response, encode
+from zbk.wire.errors import FrameError
+from zbk.wire.messages import (
+    AddRequest,
+    AddResponse,
+    ErrorResponse,
+    ListEntriesResponse,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+)
+from zbk.wire.ops import AddFlag, OpCode, ReadFlag
+from zbk.wire.status import Status
+
+MK = bytes(range(32))
+RID = 4242
+
+
+def header(frames: list[Any]) -> dict[str, Any]:
+    h = cbor2.loads(frames[0])
+    assert isinstance(h, dict)
+    return h
+
+
+def with_header(h: dict[str, Any], payload: list[bytes] | None = None) -> list[Any]:
+    return [cbor2.dumps(h), *(payload or [])]
+
+
+def add_header(**changes: Any) -> dict[str, Any]:
+    h: dict[str, Any] = {
+        "v": limits.PROTOCOL_VERSION,
+        "op": OpCode.ADD_ENTRY.value,
+        "rid": RID,
+        "l": 7,
+        "mk": MK,
+    }
+    h.update(changes)
+    return {k: v for k, v in h.items() if v is not _DROP}
+
+
+def read_header(**changes: Any) -> dict[str, Any]:
+    h: dict[str, Any] = {
+        "v": limits.PROTOCOL_VERSION,
+        "op": OpCode.READ_ENTRY.value,
+        "rid": RID,
+        "l": 7,
+        "e": 0,
+    }
+    h.update(changes)
+    return {k: v for k, v in h.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+def reject_request(frames: list[Any], **kwargs: Any) -> FrameError:
+    with pytest.raises(FrameError) as info:
+        decode_request(frames, **kwargs)
+    return info.value
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+@settings(max_examples=600, deadline=None)
+@given(requests)
+def test_every_request_round_trips(msg: Any) -> None:
+    assert decode_request(encode(msg)) == msg
+
+
+@settings(max_examples=600, deadline=None)
+@given(responses)
+def test_every_response_round_trips(msg: Any) -> None:
+    assert decode_response(encode(msg)) == msg
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(requests, responses))
+def test_header_writer_matches_cbor2_byte_for_byte(msg: Any) -> None:
+    frames = encode(msg)
+    h = header(frames)
+    plain = {k: (int(v) if isinstance(v, int) else v) for k, v in h.items()}
+    assert frames[0] == cbor2.dumps(plain)
+
+
+def test_payload_frames_are_passed_through_not_copied() -> None:
+    blob = memoryview(b"x" * 100)
+    frames = encode(AddRequest(rid=1, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=(blob,)))
+    assert frames[1] is blob
+    decoded = decode_request(frames)
+    assert isinstance(decoded, AddRequest)
+    assert decoded.entries[0] is blob
+
+
+def test_decoded_enums_are_enum_members() -> None:
+    msg = decode_request(
+        encode(ReadRequest(rid=1, ledger_id=2, first_entry_id=3, flags=ReadFlag.FENCE, master_key=MK))
+    )
+    assert isinstance(msg, ReadRequest) and type(msg.flags) is ReadFlag and msg.flags is ReadFlag.FENCE
+    resp = decode_response(encode(ErrorResponse(rid=1, status=Status.EIO)))
+    assert isinstance(resp, ErrorResponse) and resp.status is Status.EIO
+
+
+def test_every_header_carries_version_op_and_rid() -> None:
+    frames = encode(ReadRequest(rid=9, ledger_id=1, first_entry_id=0))
+    h = header(frames)
+    assert h == {"v": limits.PROTOCOL_VERSION, "op": OpCode.READ_ENTRY, "rid": 9, "l": 1, "e": 0}
+
+
+# --- FrameError carries rid, status and op --------------------------------------------------------
+
+
+def test_frame_error_is_a_bad_request_error_with_wire_status() -> None:
+    err = reject_request(with_header(add_header(l=-1), [b"e"]))
+    assert isinstance(err, BadRequestError)
+    assert (err.rid, err.status, err.op) == (RID, Status.EBADREQ, OpCode.ADD_ENTRY)
+    assert status_for_error(err) is Status.EBADREQ
+
+
+def test_unknown_version_is_ebadversion_with_rid() -> None:
+    err = reject_request(with_header(add_header(v=limits.PROTOCOL_VERSION + 1), [b"e"]))
+    assert (err.rid, err.status) == (RID, Status.EBADVERSION)
+    assert status_for_error(err) is Status.EBADVERSION
+
+
+@pytest.mark.parametrize("version", [_DROP, "1", 1.0, True, None, b"\x01"])
+def test_missing_or_mistyped_version_is_ebadreq(version: Any) -> None:
+    err = reject_request(with_header(add_header(v=version), [b"e"]))
+    assert (err.rid, err.status) == (RID, Status.EBADREQ)
+
+
+@pytest.mark.parametrize("rid", [_DROP, -1, U64_MAX + 1, "1", 1.5, True, None, b"1"])
+def test_unreadable_rid_gives_no_rid(rid: Any) -> None:
+    err = reject_request(with_header(add_header(rid=rid), [b"e"]))
+    assert err.rid is None
+
+
+@pytest.mark.parametrize("rid", [0, 23, 24, 2**32, U64_MAX])
+def test_any_uint64_rid_is_recovered(rid: int) -> None:
+    err = reject_request(with_header(add_header(rid=rid, op=99)))
+    assert err.rid == rid
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b""],
+        [b"\xff"],
+        [cbor2.dumps([1, 2, 3])],
+        [cbor2.dumps("text")],
+        [b"\xbf\x61v\x01\xff"],  # indefinite-length map
+        [cbor2.dumps(cbor2.CBORTag(2, b"\x01" * 100))],  # a bignum tag at the top
+        ["not bytes"],
+        [12345],
+        [None],
+    ],
+)
+def test_garbage_gives_no_rid(frames: list[Any]) -> None:
+    assert reject_request(frames).rid is None
+
+
+def test_frames_that_are_not_a_sequence_are_rejected() -> None:
+    with pytest.raises(FrameError):
+        decode_request(None)  # type: ignore[arg-type]
+    with pytest.raises(FrameError):
+        decode_request(iter([b"x"]))  # type: ignore[arg-type]
+
+
+# --- field validation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"l": _DROP}, "missing field 'l'"),
+        ({"mk": _DROP}, "missing field 'mk'"),
+        ({"l": -1}, "int64 >= 0"),
+        ({"l": I64_MAX + 1}, "int64 >= 0"),
+        ({"l": True}, "int64 >= 0"),
+        ({"l": 1.0}, "int64 >= 0"),
+        ({"l": "7"}, "int64 >= 0"),
+        ({"mk": b"short"}, "32 bytes"),
+        ({"mk": "x" * 32}, "32 bytes"),
+        ({"mk": None}, "32 bytes"),
+        ({"f": 4}, "add flags"),
+        ({"f": -1}, "add flags"),
+        ({"f": True}, "add flags"),
+        ({"zz": 1}, "unknown fields"),
+        ({"st": 0}, "unknown fields"),
+    ],
+)
+def test_add_request_field_checks(changes: dict[str, Any], why: str) -> None:
+    err = reject_request(with_header(add_header(**changes), [b"e"]))
+    assert why in str(err) and err.rid == RID and err.op == OpCode.ADD_ENTRY
+
+
+def test_byte_string_keys_are_unknown_fields() -> None:
+    h = add_header()
+    h[b"l"] = 1  # type: ignore[index]
+    assert "unknown fields" in str(reject_request(with_header(h, [b"e"])))
+
+
+def test_add_request_entry_count_bounds() -> None:
+    assert "payload frames" in str(reject_request(with_header(add_header())))
+    too_many = [b"e"] * (limits.entries_per_add_request_max + 1)
+    assert "payload frames" in str(reject_request(with_header(add_header(), too_many)))
+    ok = decode_request(with_header(add_header(), [b"e"] * limits.entries_per_add_request_max))
+    assert isinstance(ok, AddRequest) and len(ok.entries) == limits.entries_per_add_request_max
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"e": -1}, "int64 >= 0"),
+        ({"n": 0}, "n must be"),
+        ({"n": limits.entries_per_read_request_max + 1}, "n must be"),
+        ({"e": I64_MAX, "n": 2}, "overflows"),
+        ({"f": ReadFlag.FENCE.value}, "master key"),
+        ({"f": ReadFlag.LONG_POLL.value}, "missing field"),
+        ({"f": ReadFlag.LONG_POLL.value, "pl": 5}, "missing field 'to'"),
+        ({"f": ReadFlag.LONG_POLL.value, "pl": -2, "to": 5}, "pl must be"),
+        ({"f": ReadFlag.LONG_POLL.value, "pl": 3, "to": limits.long_poll_timeout_ms_max + 1}, "to must be"),
+        ({"f": ReadFlag.LONG_POLL.value, "pl": 3, "to": -1}, "to must be"),
+        ({"pl": 3}, "only for LONG_POLL"),
+        ({"f": 3, "mk": MK, "pl": 1, "to": 1}, "exclude each other"),
+        ({"f": 8}, "read flags"),
+    ],
+)
+def test_read_request_field_checks(changes: dict[str, Any], why: str) -> None:
+    err = reject_request(with_header(read_header(**changes)))
+    assert why in str(err) and err.rid == RID
+
+
+def test_read_request_defaults_and_long_poll() -> None:
+    plain = decode_request(with_header(read_header()))
+    assert plain == ReadRequest(rid=RID, ledger_id=7, first_entry_id=0)
+    polled = decode_request(with_header(read_header(f=2, pl=4, to=1000, n=10)))
+    assert polled == ReadRequest(
+        rid=RID,
+        ledger_id=7,
+        first_entry_id=0,
+        count=10,
+        flags=ReadFlag.LONG_POLL,
+        previous_lac=4,
+        timeout_ms=1000,
+    )
+
+
+def test_requests_without_payload_refuse_payload_frames() -> None:
+    assert "payload frames" in str(reject_request(with_header(read_header(), [b"x"])))
+
+
+def test_unknown_op_and_error_op_are_not_requests() -> None:
+    for op in (99, -1, OpCode.ERROR.value, True, "1", 1.0):
+        err = reject_request(with_header(add_header(op=op), [b"e"]))
+        assert "op" in str(err) and err.rid == RID and err.op is None
+
+
+def test_response_checks() -> None:
+    def reject(h: dict[str, Any], payload: list[bytes] | None = None) -> str:
+        with pytest.raises(FrameError) as info:
+            decode_response(with_header(h, payload))
+        assert info.value.rid == RID
+        return str(info.value)
+
+    base = {"v": limits.PROTOCOL_VERSION, "rid": RID}
+    assert "EOK" in reject({**base, "op": 0, "st": 0})
+    assert "st must be" in reject({**base, "op": 0, "st": 99})
+    assert "st must be" in reject({**base, "op": 0, "st": False})
+    add = {**base, "op": 1, "st": 0, "l": 1, "e0": 5, "e1": 4}
+    assert "e0 5 > e1 4" in reject(add)
+    read = {**base, "op": 2, "st": 0, "l": 1, "e": 0, "lac": -1}
+    assert "EOK with no entries" in reject(read)
+    assert decode_response(with_header({**read, "st": Status.ENOENTRY.value})) == ReadResponse(
+        rid=RID, status=Status.ENOENTRY, ledger_id=1, first_entry_id=0, lac=-1
+    )
+    assert "lac must be" in reject({**read, "lac": -2}, [b"x"])
+    lac = {**base, "op": 3, "st": 0, "l": 1, "lac": 3}
+    assert "payload frames" in reject(lac, [b"a", b"b"])
+    assert decode_response(with_header(lac, [b"a"])) == ReadLacResponse(
+        rid=RID, status=Status.EOK, ledger_id=1, lac=3, last_entry=b"a"
+    )
+    info = {**base, "op": 7, "st": 0, "fb": 10, "tb": 5, "bs": "writable", "nl": 1, "nll": 0}
+    assert "fb 10 > tb 5" in reject(info)
+    assert "bs must be" in reject({**info, "fb": 1, "bs": "broken"})
+    listing = {**base, "op": 8, "st": 0, "l": 1}
+    assert "payload frames" in reject(listing)
+    assert "ranges" in reject(listing, [b"\x00" * 15])
+    overlapping = (
+        (0).to_bytes(8, "big") + (5).to_bytes(8, "big") + (5).to_bytes(8, "big") + (6).to_bytes(8, "big")
+    )
+    assert "ranges" in reject(listing, [overlapping])
+    adjacent = (
+        (0).to_bytes(8, "big") + (4).to_bytes(8, "big") + (5).to_bytes(8, "big") + (6).to_bytes(8, "big")
+    )
+    assert "ranges" in reject(listing, [adjacent])
+    good = (0).to_bytes(8, "big") + (4).to_bytes(8, "big") + (6).to_bytes(8, "big") + (6).to_bytes(8, "big")
+    assert decode_response(with_header(listing, [good])) == ListEntriesResponse(
+        rid=RID, status=Status.EOK, ledger_id=1, entry_ranges=((0, 4), (6, 6))
+    )
+
+
+def test_a_request_is_not_a_response() -> None:
+    frames = encode(ReadRequest(rid=RID, ledger_id=1, first_entry_id=0))
+    with pytest.raises(FrameError) as info:
+        decode_response(frames)
+    assert info.value.rid == RID
+    with pytest.raises(FrameError):
+        decode_request(
+            encode(AddResponse(rid=RID, status=Status.EOK, ledger_id=1, first_entry_id=0, last_entry_id=0))
+        )
+
+
+# --- size limits -----------------------------------------------------------------------------------
+
+
+def test_oversized_header_is_rejected_before_decoding() -> None:
+    h = add_header(pad=b"x" * limits.header_bytes_max)
+    err = reject_request(with_header(h, [b"e"]))
+    assert "header of" in str(err) and err.rid is None
+
+
+def test_total_size_over_max_frame_bytes_is_rejected_with_rid() -> None:
+    frames = with_header(add_header(), [b"x" * 600, b"y" * 600])
+    err = reject_request(frames, max_frame_bytes=1000)
+    assert "max_frame_bytes" in str(err) and err.rid == RID
+    assert isinstance(decode_request(frames, max_frame_bytes=2000), AddRequest)
+
+
+def test_max_frame_bytes_boundary() -> None:
+    frames = with_header(add_header(), [b"x" * 100])
+    total = sum(len(f) for f in frames)
+    assert isinstance(decode_request(frames, max_frame_bytes=total), AddRequest)
+    assert reject_request(frames, max_frame_bytes=total - 1).rid == RID
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1], {"a": 1}, cbor2.CBORTag(30, [2**4000, 3]), cbor2.CBORTag(2, b"\x01" * 64), cbor2.CBORTag(9999, 1)],
+)
+def test_nested_values_and_tags_are_refused_by_the_parser(value: Any) -> None:
+    # Refused while parsing (max_depth=1), before cbor2 builds big ints, fractions or other
+    # objects; the rid is lost with it, a price worth paying for a bounded parse.
+    err = reject_request(with_header(add_header(l=value), [b"e"]))
+    assert "undecodable header" in str(err) and err.rid is None
+
+
+def test_read_response_entry_count_bound() -> None:
+    h = {"v": limits.PROTOCOL_VERSION, "op": 2, "rid": RID, "st": 0, "l": 1, "e": 0, "lac": 5}
+    frames = with_header(h, [b"e"] * (limits.entries_per_read_request_max + 1))
+    with pytest.raises(FrameError):
+        decode_response(frames)

@@ -1,0 +1,177 @@
+"""Hypothesis strategies for every valid wire message (shared by the wire tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from zbk import limits
+from zbk.wire.messages import (
+    BOOKIE_STATES,
+    MASTER_KEY_BYTES,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    WriteCloseRequest,
+    WriteCloseResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from zbk.wire.ops import AddFlag, ReadFlag
+from zbk.wire.ranges import ranges_from_ids
+from zbk.wire.status import Status
+
+I64_MAX = 2**63 - 1
+U64_MAX = 2**64 - 1
+
+# Integers biased to the CBOR length boundaries (23/24, 255/256, 65535/65536, 2**32, 2**63).
+_EDGES = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1]
+
+
+def ints(low: int, high: int) -> st.SearchStrategy[int]:
+    edges = [e for e in _EDGES + [low, high, -1] if low <= e <= high]
+    return st.one_of(st.sampled_from(edges), st.integers(low, high))
+
+
+rids = ints(0, U64_MAX)
+ledger_ids = ints(0, I64_MAX)
+entry_ids = ints(0, I64_MAX)
+lacs = ints(-1, I64_MAX)
+master_keys = st.binary(min_size=MASTER_KEY_BYTES, max_size=MASTER_KEY_BYTES)
+statuses = st.sampled_from(list(Status))
+blobs = st.one_of(st.binary(max_size=64), st.binary(max_size=64).map(lambda b: memoryview(b)))
+
+
+def tuples_of_blobs(min_size: int, max_size: int) -> st.SearchStrategy[tuple[bytes | memoryview, ...]]:
+    return st.lists(blobs, min_size=min_size, max_size=max_size).map(tuple)
+
+
+add_requests = st.builds(
+    AddRequest,
+    rid=rids,
+    ledger_id=ledger_ids,
+    master_key=master_keys,
+    flags=st.sampled_from([AddFlag(v) for v in range(4)]),
+    entries=tuples_of_blobs(1, 8),
+)
+
+
+@st.composite
+def _read_options(draw: st.DrawFn) -> dict[str, Any]:
+    flags = draw(st.sampled_from([ReadFlag(0), ReadFlag.FENCE, ReadFlag.LONG_POLL]))
+    fence, long_poll = bool(flags & ReadFlag.FENCE), bool(flags & ReadFlag.LONG_POLL)
+    options: dict[str, Any] = {
+        "flags": flags,
+        "master_key": draw(master_keys) if fence else draw(st.none() | master_keys),
+    }
+    if long_poll:
+        options["previous_lac"] = draw(lacs)
+        options["timeout_ms"] = draw(ints(0, limits.long_poll_timeout_ms_max))
+    return options
+
+
+@st.composite
+def read_requests(draw: st.DrawFn) -> ReadRequest:
+    count = draw(ints(1, limits.entries_per_read_request_max))
+    first = draw(ints(0, I64_MAX - count + 1))
+    return ReadRequest(
+        rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count, **draw(_read_options())
+    )
+
+
+@st.composite
+def read_lac_requests(draw: st.DrawFn) -> ReadLacRequest:
+    return ReadLacRequest(rid=draw(rids), ledger_id=draw(ledger_ids), **draw(_read_options()))
+
+
+@st.composite
+def read_responses(draw: st.DrawFn) -> ReadResponse:
+    status = draw(statuses)
+    entries = draw(tuples_of_blobs(1 if status is Status.EOK else 0, 6))
+    first = draw(ints(0, I64_MAX - max(len(entries) - 1, 0)))
+    return ReadResponse(
+        rid=draw(rids),
+        status=status,
+        ledger_id=draw(ledger_ids),
+        first_entry_id=first,
+        lac=draw(lacs),
+        entries=entries,
+    )
+
+
+@st.composite
+def add_responses(draw: st.DrawFn) -> AddResponse:
+    first, last = sorted((draw(entry_ids), draw(entry_ids)))
+    return AddResponse(
+        rid=draw(rids),
+        status=draw(statuses),
+        ledger_id=draw(ledger_ids),
+        first_entry_id=first,
+        last_entry_id=last,
+    )
+
+
+@st.composite
+def bookie_info_responses(draw: st.DrawFn) -> BookieInfoResponse:
+    free, total = sorted((draw(ints(0, U64_MAX)), draw(ints(0, U64_MAX))))
+    return BookieInfoResponse(
+        rid=draw(rids),
+        status=draw(statuses),
+        free_bytes=free,
+        total_bytes=total,
+        state=draw(st.sampled_from(BOOKIE_STATES)),
+        ledgers=draw(ledger_ids),
+        limbo_ledgers=draw(ledger_ids),
+    )
+
+
+entry_id_sets = st.one_of(
+    st.sets(st.integers(0, 200), max_size=60),  # clustered: real ranges
+    st.sets(entry_ids, max_size=8),  # sparse and huge
+)
+
+requests = st.one_of(
+    add_requests,
+    read_requests(),
+    read_lac_requests(),
+    st.builds(WriteLacRequest, rid=rids, ledger_id=ledger_ids, master_key=master_keys, lac=lacs),
+    st.builds(ForceLedgerRequest, rid=rids, ledger_id=ledger_ids),
+    st.builds(WriteCloseRequest, rid=rids, ledger_id=ledger_ids, master_key=master_keys),
+    st.builds(BookieInfoRequest, rid=rids),
+    st.builds(ListEntriesRequest, rid=rids, ledger_id=ledger_ids),
+)
+responses = st.one_of(
+    st.builds(ErrorResponse, rid=rids, status=statuses.filter(lambda s: s is not Status.EOK)),
+    add_responses(),
+    read_responses(),
+    st.builds(
+        ReadLacResponse,
+        rid=rids,
+        status=statuses,
+        ledger_id=ledger_ids,
+        lac=lacs,
+        last_entry=st.none() | blobs,
+    ),
+    st.builds(WriteLacResponse, rid=rids, status=statuses, ledger_id=ledger_ids),
+    st.builds(ForceLedgerResponse, rid=rids, status=statuses, ledger_id=ledger_ids),
+    st.builds(WriteCloseResponse, rid=rids, status=statuses, ledger_id=ledger_ids),
+    bookie_info_responses(),
+    st.builds(
+        ListEntriesResponse,
+        rid=rids,
+        status=statuses,
+        ledger_id=ledger_ids,
+        entry_ranges=entry_id_sets.map(ranges_from_ids),
+    ),
+)

@@ -1,0 +1,663 @@
+"""Messages to ZeroMQ frames and back (the layout is in docs/protocol.md).
+
+A message is a list of frames: frame 0 is a CBOR map with short text keys (the header),
+frames 1..n are raw payload frames (entry blobs, or packed entry ranges) that are never
+copied into the CBOR. The ROUTER identity frame is the socket loop's business: this codec
+sees the frames after it.
+
+Encoding writes the header with a small hand-rolled CBOR writer (the header holds only
+ints, byte strings and text, so the writer is ~20 lines and about 3x faster than
+``cbor2.dumps``; the tests check it byte for byte against cbor2). It does not validate: the
+receiver's decoder does.
+
+Decoding is the trust boundary. It reads the header with one ``cbor2.loads`` restricted to a
+flat definite-length map (no nesting, hence no tags, no duplicate keys, text or byte keys
+only), then checks every field's type and range, the set of keys, the number and total size
+of frames. Any failure raises :class:`FrameError` and nothing else, carrying the request id
+when it was readable. Payload frames are passed through as they came (bytes or memoryview);
+their contents are the entry format's business (:func:`zbk.wire.entry.peek_entry_header`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cbor2
+
+from zbk import limits
+from zbk.wire.errors import FrameError
+from zbk.wire.messages import (
+    BOOKIE_STATES,
+    MASTER_KEY_BYTES,
+    AddRequest,
+    AddResponse,
+    Blob,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    Message,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    WriteCloseRequest,
+    WriteCloseResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from zbk.wire.ops import ADD_FLAGS_ALL, READ_FLAGS_ALL, AddFlag, OpCode, ReadFlag
+from zbk.wire.ranges import pack_ranges, unpack_ranges
+from zbk.wire.status import Status
+
+VERSION = limits.PROTOCOL_VERSION
+# Flag bits as plain ints: bit tests on IntFlag members go through the enum machinery (~1 us).
+_FENCE = int(ReadFlag.FENCE)
+_LONG_POLL = int(ReadFlag.LONG_POLL)
+_U64_MAX = 2**64 - 1
+_I64_MAX = 2**63 - 1
+
+# --- CBOR writer (RFC 8949 subset: uint, negative int, byte string, text string, map) -----
+
+_MAJOR_UINT, _MAJOR_NINT, _MAJOR_BYTES, _MAJOR_TEXT, _MAJOR_MAP = 0x00, 0x20, 0x40, 0x60, 0xA0
+_ONE_BYTE = [bytes((i,)) for i in range(256)]
+_pack_h16 = struct.Struct(">BH").pack
+_pack_h32 = struct.Struct(">BI").pack
+_pack_h64 = struct.Struct(">BQ").pack
+
+
+def _head(major: int, n: int) -> bytes:
+    """A CBOR initial byte plus argument ``n`` in its shortest form (as cbor2 writes it)."""
+    if n < 24:
+        return _ONE_BYTE[major | n]
+    if n < 0x100:
+        return bytes((major | 24, n))
+    if n < 0x10000:
+        return _pack_h16(major | 25, n)
+    if n < 0x100000000:
+        return _pack_h32(major | 26, n)
+    return _pack_h64(major | 27, n)
+
+
+def _text(s: str) -> bytes:
+    raw = s.encode()
+    return _head(_MAJOR_TEXT, len(raw)) + raw
+
+
+_HeaderValue = int | bytes | str
+_KEYS = ("v", "op", "rid", "st", "l", "mk", "f", "e", "n", "pl", "to", "lac", "e0", "e1",
+         "fb", "tb", "bs", "nl", "nll")  # fmt: skip
+_KEY_BYTES = {k: _text(k) for k in _KEYS}
+
+
+def _cbor_map(header: dict[str, _HeaderValue]) -> bytes:
+    parts = [_head(_MAJOR_MAP, len(header))]
+    append = parts.append
+    for key, value in header.items():
+        append(_KEY_BYTES[key])
+        if isinstance(value, int):  # IntEnum and IntFlag included
+            if 0 <= value < 24:  # the common case (v, op, st, f, small ids): a table lookup
+                append(_ONE_BYTE[value])  # indexing, unlike "|" or "&", is fast on enums
+            else:
+                append(_head(_MAJOR_UINT, value) if value >= 0 else _head(_MAJOR_NINT, -1 - value))
+        elif isinstance(value, str):
+            append(_text(value))
+        else:
+            append(_head(_MAJOR_BYTES, len(value)))
+            append(value)
+    return b"".join(parts)
+
+
+# --- encoders --------------------------------------------------------------------------------
+
+
+def _base(op: OpCode, rid: int) -> dict[str, _HeaderValue]:
+    return {"v": VERSION, "op": op, "rid": rid}
+
+
+def _response_base(op: OpCode, rid: int, status: Status, ledger_id: int) -> dict[str, _HeaderValue]:
+    return {"v": VERSION, "op": op, "rid": rid, "st": status, "l": ledger_id}
+
+
+def _put_read_options(
+    h: dict[str, _HeaderValue], flags: ReadFlag, master_key: bytes | None, previous_lac: int, timeout_ms: int
+) -> None:
+    if flags:
+        h["f"] = flags
+    if master_key is not None:
+        h["mk"] = master_key
+    if flags and int(flags) & _LONG_POLL:  # int(): "&" on an IntFlag costs ~1 us
+        h["pl"] = previous_lac
+        h["to"] = timeout_ms
+
+
+def _enc_add_request(m: AddRequest) -> list[Blob]:
+    h: dict[str, _HeaderValue] = {"v": VERSION, "op": OpCode.ADD_ENTRY, "rid": m.rid, "l": m.ledger_id}
+    h["mk"] = m.master_key
+    if m.flags:
+        h["f"] = m.flags
+    return [_cbor_map(h), *m.entries]
+
+
+def _enc_read_request(m: ReadRequest) -> list[Blob]:
+    h = _base(OpCode.READ_ENTRY, m.rid)
+    h["l"] = m.ledger_id
+    h["e"] = m.first_entry_id
+    if m.count != 1:
+        h["n"] = m.count
+    _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
+    return [_cbor_map(h)]
+
+
+def _enc_read_lac_request(m: ReadLacRequest) -> list[Blob]:
+    h = _base(OpCode.READ_LAC, m.rid)
+    h["l"] = m.ledger_id
+    _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
+    return [_cbor_map(h)]
+
+
+def _enc_write_lac_request(m: WriteLacRequest) -> list[Blob]:
+    h = _base(OpCode.WRITE_LAC, m.rid)
+    h.update(l=m.ledger_id, mk=m.master_key, lac=m.lac)
+    return [_cbor_map(h)]
+
+
+def _enc_force_ledger_request(m: ForceLedgerRequest) -> list[Blob]:
+    h = _base(OpCode.FORCE_LEDGER, m.rid)
+    h["l"] = m.ledger_id
+    return [_cbor_map(h)]
+
+
+def _enc_write_close_request(m: WriteCloseRequest) -> list[Blob]:
+    h = _base(OpCode.WRITE_CLOSE, m.rid)
+    h.update(l=m.ledger_id, mk=m.master_key)
+    return [_cbor_map(h)]
+
+
+def _enc_bookie_info_request(m: BookieInfoRequest) -> list[Blob]:
+    return [_cbor_map(_base(OpCode.GET_BOOKIE_INFO, m.rid))]
+
+
+def _enc_list_entries_request(m: ListEntriesRequest) -> list[Blob]:
+    h = _base(OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER, m.rid)
+    h["l"] = m.ledger_id
+    return [_cbor_map(h)]
+
+
+def _enc_error_response(m: ErrorResponse) -> list[Blob]:
+    h = _base(OpCode.ERROR, m.rid)
+    h["st"] = m.status
+    return [_cbor_map(h)]
+
+
+def _enc_add_response(m: AddResponse) -> list[Blob]:
+    h = _response_base(OpCode.ADD_ENTRY, m.rid, m.status, m.ledger_id)
+    h["e0"] = m.first_entry_id
+    h["e1"] = m.last_entry_id
+    return [_cbor_map(h)]
+
+
+def _enc_read_response(m: ReadResponse) -> list[Blob]:
+    h = _response_base(OpCode.READ_ENTRY, m.rid, m.status, m.ledger_id)
+    h["e"] = m.first_entry_id
+    h["lac"] = m.lac
+    return [_cbor_map(h), *m.entries]
+
+
+def _enc_read_lac_response(m: ReadLacResponse) -> list[Blob]:
+    h = _response_base(OpCode.READ_LAC, m.rid, m.status, m.ledger_id)
+    h["lac"] = m.lac
+    header = _cbor_map(h)
+    return [header] if m.last_entry is None else [header, m.last_entry]
+
+
+def _enc_write_lac_response(m: WriteLacResponse) -> list[Blob]:
+    return [_cbor_map(_response_base(OpCode.WRITE_LAC, m.rid, m.status, m.ledger_id))]
+
+
+def _enc_force_ledger_response(m: ForceLedgerResponse) -> list[Blob]:
+    return [_cbor_map(_response_base(OpCode.FORCE_LEDGER, m.rid, m.status, m.ledger_id))]
+
+
+def _enc_write_close_response(m: WriteCloseResponse) -> list[Blob]:
+    return [_cbor_map(_response_base(OpCode.WRITE_CLOSE, m.rid, m.status, m.ledger_id))]
+
+
+def _enc_bookie_info_response(m: BookieInfoResponse) -> list[Blob]:
+    h = _base(OpCode.GET_BOOKIE_INFO, m.rid)
+    h.update(st=m.status, fb=m.free_bytes, tb=m.total_bytes, bs=m.state, nl=m.ledgers, nll=m.limbo_ledgers)
+    return [_cbor_map(h)]
+
+
+def _enc_list_entries_response(m: ListEntriesResponse) -> list[Blob]:
+    h = _response_base(OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER, m.rid, m.status, m.ledger_id)
+    return [_cbor_map(h), pack_ranges(m.entry_ranges)]
+
+
+_ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
+    AddRequest: _enc_add_request,
+    ReadRequest: _enc_read_request,
+    ReadLacRequest: _enc_read_lac_request,
+    WriteLacRequest: _enc_write_lac_request,
+    ForceLedgerRequest: _enc_force_ledger_request,
+    WriteCloseRequest: _enc_write_close_request,
+    BookieInfoRequest: _enc_bookie_info_request,
+    ListEntriesRequest: _enc_list_entries_request,
+    ErrorResponse: _enc_error_response,
+    AddResponse: _enc_add_response,
+    ReadResponse: _enc_read_response,
+    ReadLacResponse: _enc_read_lac_response,
+    WriteLacResponse: _enc_write_lac_response,
+    ForceLedgerResponse: _enc_force_ledger_response,
+    WriteCloseResponse: _enc_write_close_response,
+    BookieInfoResponse: _enc_bookie_info_response,
+    ListEntriesResponse: _enc_list_entries_response,
+}
+
+
+def encode(msg: Message) -> list[Blob]:
+    """The frames of ``msg``: the CBOR header, then its payload frames (not copied)."""
+    return _ENCODERS[type(msg)](msg)
+
+
+# --- field validators ------------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """A field failed validation; the decoder adds rid and op and re-raises as FrameError."""
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _id(value: object, name: str) -> int:
+    """A ledger or entry id: int64 >= 0."""
+    if type(value) is not int or not 0 <= value <= _I64_MAX:
+        raise _Invalid(f"{name} must be an int64 >= 0, got {_show(value)}")
+    return value
+
+
+def _lac(value: object, name: str) -> int:
+    """A LAC: an entry id, or -1 for none."""
+    if type(value) is not int or not -1 <= value <= _I64_MAX:
+        raise _Invalid(f"{name} must be an int64 >= -1, got {_show(value)}")
+    return value
+
+
+def _u64(value: object, name: str) -> int:
+    if type(value) is not int or not 0 <= value <= _U64_MAX:
+        raise _Invalid(f"{name} must be a uint64, got {_show(value)}")
+    return value
+
+
+def _master_key(value: object) -> bytes:
+    if type(value) is not bytes or len(value) != MASTER_KEY_BYTES:
+        raise _Invalid(f"mk must be {MASTER_KEY_BYTES} bytes, got {_show(value)}")
+    return value
+
+
+def _count(value: object, name: str, high: int) -> int:
+    if type(value) is not int or not 1 <= value <= high:
+        raise _Invalid(f"{name} must be in 1..{high}, got {_show(value)}")
+    return value
+
+
+# Lookup tables instead of Enum(value) calls: a dict hit costs ~30 ns, an Enum call ~500 ns.
+_STATUS: dict[int, Status] = {s.value: s for s in Status}
+_ADD_FLAGS: dict[int, AddFlag] = {v: AddFlag(v) for v in range(ADD_FLAGS_ALL + 1)}
+_READ_FLAGS: dict[int, ReadFlag] = {v: ReadFlag(v) for v in range(READ_FLAGS_ALL + 1)}
+
+
+def _status(value: object) -> Status:
+    status = _STATUS.get(value) if type(value) is int else None  # type() check: True must not pass as 1
+    if status is None:
+        raise _Invalid(f"st must be a status code, got {_show(value)}")
+    return status
+
+
+def _add_flags(value: object) -> AddFlag:
+    flags = _ADD_FLAGS.get(value) if type(value) is int else None
+    if flags is None:  # an unknown bit may change meaning: refuse rather than ignore it
+        raise _Invalid(f"f must be add flags, got {_show(value)}")
+    return flags
+
+
+def _read_flags(value: object) -> ReadFlag:
+    flags = _READ_FLAGS.get(value) if type(value) is int else None
+    if flags is None:
+        raise _Invalid(f"f must be read flags, got {_show(value)}")
+    return flags
+
+
+def _frames(frames: Sequence[Blob], low: int, high: int) -> None:
+    """There are low..high payload frames."""
+    if not low <= len(frames) - 1 <= high:
+        raise _Invalid(f"expected {low}..{high} payload frames, got {len(frames) - 1}")
+
+
+def _read_options(h: dict[str, Any]) -> tuple[ReadFlag, bytes | None, int, int]:
+    """flags, master key, previous LAC and timeout of READ_ENTRY and READ_LAC requests."""
+    bits = h.get("f", 0)
+    flags = _read_flags(bits)
+    master_key = _master_key(h["mk"]) if "mk" in h else None  # CBOR null is not "absent"
+    if bits & _FENCE and master_key is None:
+        raise _Invalid("FENCE needs the master key (mk)")
+    if not bits & _LONG_POLL:
+        if "pl" in h or "to" in h:
+            raise _Invalid("pl and to are only for LONG_POLL")
+        return flags, master_key, -1, 0
+    if bits & _FENCE:
+        raise _Invalid("FENCE and LONG_POLL exclude each other: a fencing read answers at once")
+    timeout_ms = h["to"]
+    if type(timeout_ms) is not int or not 0 <= timeout_ms <= limits.long_poll_timeout_ms_max:
+        raise _Invalid(f"to must be in 0..{limits.long_poll_timeout_ms_max} ms, got {_show(timeout_ms)}")
+    return flags, master_key, _lac(h["pl"], "pl"), timeout_ms
+
+
+# --- request decoders ------------------------------------------------------------------------
+# Each takes the header map (rid and v already checked) and all frames. A missing key raises
+# KeyError, which decode_request() reports as a missing field.
+
+
+def _dec_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> AddRequest:
+    _frames(frames, 1, limits.entries_per_add_request_max)
+    return AddRequest(
+        rid=h["rid"],
+        ledger_id=_id(h["l"], "l"),
+        master_key=_master_key(h["mk"]),
+        flags=_add_flags(h.get("f", 0)),
+        entries=tuple(frames[1:]),
+    )
+
+
+def _dec_read_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadRequest:
+    _frames(frames, 0, 0)
+    first = _id(h["e"], "e")
+    count = _count(h.get("n", 1), "n", limits.entries_per_read_request_max)
+    if first + count - 1 > _I64_MAX:
+        raise _Invalid("e + n overflows int64")
+    flags, master_key, previous_lac, timeout_ms = _read_options(h)
+    return ReadRequest(
+        rid=h["rid"],
+        ledger_id=_id(h["l"], "l"),
+        first_entry_id=first,
+        count=count,
+        flags=flags,
+        master_key=master_key,
+        previous_lac=previous_lac,
+        timeout_ms=timeout_ms,
+    )
+
+
+def _dec_read_lac_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadLacRequest:
+    _frames(frames, 0, 0)
+    flags, master_key, previous_lac, timeout_ms = _read_options(h)
+    return ReadLacRequest(
+        rid=h["rid"],
+        ledger_id=_id(h["l"], "l"),
+        flags=flags,
+        master_key=master_key,
+        previous_lac=previous_lac,
+        timeout_ms=timeout_ms,
+    )
+
+
+def _dec_write_lac_request(h: dict[str, Any], frames: Sequence[Blob]) -> WriteLacRequest:
+    _frames(frames, 0, 0)
+    return WriteLacRequest(
+        rid=h["rid"], ledger_id=_id(h["l"], "l"), master_key=_master_key(h["mk"]), lac=_lac(h["lac"], "lac")
+    )
+
+
+def _dec_force_ledger_request(h: dict[str, Any], frames: Sequence[Blob]) -> ForceLedgerRequest:
+    _frames(frames, 0, 0)
+    return ForceLedgerRequest(rid=h["rid"], ledger_id=_id(h["l"], "l"))
+
+
+def _dec_write_close_request(h: dict[str, Any], frames: Sequence[Blob]) -> WriteCloseRequest:
+    _frames(frames, 0, 0)
+    return WriteCloseRequest(rid=h["rid"], ledger_id=_id(h["l"], "l"), master_key=_master_key(h["mk"]))
+
+
+def _dec_bookie_info_request(h: dict[str, Any], frames: Sequence[Blob]) -> BookieInfoRequest:
+    _frames(frames, 0, 0)
+    return BookieInfoRequest(rid=h["rid"])
+
+
+def _dec_list_entries_request(h: dict[str, Any], frames: Sequence[Blob]) -> ListEntriesRequest:
+    _frames(frames, 0, 0)
+    return ListEntriesRequest(rid=h["rid"], ledger_id=_id(h["l"], "l"))
+
+
+# --- response decoders -----------------------------------------------------------------------
+
+
+def _dec_error_response(h: dict[str, Any], frames: Sequence[Blob]) -> ErrorResponse:
+    _frames(frames, 0, 0)
+    status = _status(h["st"])
+    if status is Status.EOK:
+        raise _Invalid("an ERROR response cannot carry EOK")
+    return ErrorResponse(rid=h["rid"], status=status)
+
+
+def _dec_add_response(h: dict[str, Any], frames: Sequence[Blob]) -> AddResponse:
+    _frames(frames, 0, 0)
+    first, last = _id(h["e0"], "e0"), _id(h["e1"], "e1")
+    if first > last:
+        raise _Invalid(f"e0 {first} > e1 {last}")
+    return AddResponse(
+        rid=h["rid"],
+        status=_status(h["st"]),
+        ledger_id=_id(h["l"], "l"),
+        first_entry_id=first,
+        last_entry_id=last,
+    )
+
+
+def _dec_read_response(h: dict[str, Any], frames: Sequence[Blob]) -> ReadResponse:
+    _frames(frames, 0, limits.entries_per_read_request_max)
+    first = _id(h["e"], "e")
+    if first + len(frames) - 2 > _I64_MAX:
+        raise _Invalid("e + entries overflows int64")
+    status = _status(h["st"])
+    if status is Status.EOK and len(frames) == 1:
+        raise _Invalid("EOK with no entries: a bookie returns at least the first entry it has")
+    return ReadResponse(
+        rid=h["rid"],
+        status=status,
+        ledger_id=_id(h["l"], "l"),
+        first_entry_id=first,
+        lac=_lac(h["lac"], "lac"),
+        entries=tuple(frames[1:]),
+    )
+
+
+def _dec_read_lac_response(h: dict[str, Any], frames: Sequence[Blob]) -> ReadLacResponse:
+    _frames(frames, 0, 1)
+    return ReadLacResponse(
+        rid=h["rid"],
+        status=_status(h["st"]),
+        ledger_id=_id(h["l"], "l"),
+        lac=_lac(h["lac"], "lac"),
+        last_entry=frames[1] if len(frames) == 2 else None,
+    )
+
+
+def _dec_write_lac_response(h: dict[str, Any], frames: Sequence[Blob]) -> WriteLacResponse:
+    _frames(frames, 0, 0)
+    return WriteLacResponse(rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"))
+
+
+def _dec_force_ledger_response(h: dict[str, Any], frames: Sequence[Blob]) -> ForceLedgerResponse:
+    _frames(frames, 0, 0)
+    return ForceLedgerResponse(rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"))
+
+
+def _dec_write_close_response(h: dict[str, Any], frames: Sequence[Blob]) -> WriteCloseResponse:
+    _frames(frames, 0, 0)
+    return WriteCloseResponse(rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"))
+
+
+def _dec_bookie_info_response(h: dict[str, Any], frames: Sequence[Blob]) -> BookieInfoResponse:
+    _frames(frames, 0, 0)
+    free, total = _u64(h["fb"], "fb"), _u64(h["tb"], "tb")
+    if free > total:
+        raise _Invalid(f"fb {free} > tb {total}")
+    state = h["bs"]
+    if type(state) is not str or state not in BOOKIE_STATES:
+        raise _Invalid(f"bs must be one of {BOOKIE_STATES}, got {_show(state)}")
+    return BookieInfoResponse(
+        rid=h["rid"],
+        status=_status(h["st"]),
+        free_bytes=free,
+        total_bytes=total,
+        state=state,
+        ledgers=_id(h["nl"], "nl"),
+        limbo_ledgers=_id(h["nll"], "nll"),
+    )
+
+
+def _dec_list_entries_response(h: dict[str, Any], frames: Sequence[Blob]) -> ListEntriesResponse:
+    _frames(frames, 1, 1)
+    try:
+        ranges = unpack_ranges(frames[1])
+    except (TypeError, ValueError, BufferError):
+        ranges = None
+    if ranges is None:
+        raise _Invalid("the ranges frame is not sorted disjoint int64 pairs")
+    return ListEntriesResponse(
+        rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"), entry_ranges=ranges
+    )
+
+
+_Decoder = Callable[[dict[str, Any], Sequence[Blob]], Any]
+
+
+def _table(spec: dict[OpCode, tuple[_Decoder, str]]) -> dict[int, tuple[_Decoder, frozenset[str], OpCode]]:
+    """op number -> (decoder, the keys its header may hold, op)."""
+    return {int(op): (dec, frozenset(keys.split()), op) for op, (dec, keys) in spec.items()}
+
+
+_REQUESTS = _table({
+    OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f"),
+    OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to"),
+    OpCode.READ_LAC: (_dec_read_lac_request, "v op rid l f mk pl to"),
+    OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
+    OpCode.FORCE_LEDGER: (_dec_force_ledger_request, "v op rid l"),
+    OpCode.WRITE_CLOSE: (_dec_write_close_request, "v op rid l mk"),
+    OpCode.GET_BOOKIE_INFO: (_dec_bookie_info_request, "v op rid"),
+    OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (_dec_list_entries_request, "v op rid l"),
+})  # fmt: skip
+_RESPONSES = _table({
+    OpCode.ERROR: (_dec_error_response, "v op rid st"),
+    OpCode.ADD_ENTRY: (_dec_add_response, "v op rid st l e0 e1"),
+    OpCode.READ_ENTRY: (_dec_read_response, "v op rid st l e lac"),
+    OpCode.READ_LAC: (_dec_read_lac_response, "v op rid st l lac"),
+    OpCode.WRITE_LAC: (_dec_write_lac_response, "v op rid st l"),
+    OpCode.FORCE_LEDGER: (_dec_force_ledger_response, "v op rid st l"),
+    OpCode.WRITE_CLOSE: (_dec_write_close_response, "v op rid st l"),
+    OpCode.GET_BOOKIE_INFO: (_dec_bookie_info_response, "v op rid st fb tb bs nl nll"),
+    OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (_dec_list_entries_response, "v op rid st l"),
+})  # fmt: skip
+assert all(k in _KEY_BYTES for t in (_REQUESTS, _RESPONSES) for _, keys, _ in t.values() for k in keys)
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+def _load_header(frames: Sequence[Blob]) -> dict[Any, Any]:
+    """Frame 0 as a flat CBOR map, or FrameError without a rid (nothing is readable yet)."""
+    try:
+        if not frames:
+            raise FrameError("empty message")
+        header = frames[0]
+        size = len(header)
+        if size > limits.header_bytes_max:
+            raise FrameError(f"header of {size} bytes exceeds {limits.header_bytes_max}")
+        # A definite-length map (major type 5) at the top; with max_depth=1 nothing inside it
+        # may be a container or a tag, so cbor2 never builds big ints, fractions, regexes...
+        if size == 0 or header[0] & 0xE0 != _MAJOR_MAP:
+            raise FrameError("header frame is not a CBOR map")
+        h = cbor2.loads(
+            header,
+            max_depth=1,
+            allow_indefinite=False,
+            allow_duplicate_keys=False,
+            strict_hashable_types=True,
+        )
+    except FrameError:
+        raise
+    except Exception as exc:  # cbor2 and odd frame objects raise many types; all mean garbage
+        raise FrameError(f"undecodable header: {_show(exc)}") from None
+    if type(h) is not dict:
+        raise FrameError("header frame is not a CBOR map")
+    return h
+
+
+def _open(frames: Sequence[Blob], max_frame_bytes: int) -> tuple[dict[str, Any], int]:
+    """The header map and rid, after the checks common to all messages (rid, v, total size)."""
+    h = _load_header(frames)
+    rid = h.get("rid")
+    if type(rid) is not int or not 0 <= rid <= _U64_MAX:
+        raise FrameError(f"rid must be a uint64, got {_show(rid)}")
+    version = h.get("v")
+    if type(version) is not int:
+        raise FrameError(f"v must be an int, got {_show(version)}", rid=rid)
+    if version != VERSION:
+        raise FrameError(
+            f"protocol version {_show(version)} is not {VERSION}", rid=rid, status=Status.EBADVERSION
+        )
+    try:
+        total = sum(map(len, frames))
+    except TypeError:
+        raise FrameError("a frame is not bytes-like", rid=rid) from None
+    if total > max_frame_bytes:
+        raise FrameError(f"message of {total} bytes exceeds max_frame_bytes {max_frame_bytes}", rid=rid)
+    return h, rid
+
+
+def _decode(frames: Sequence[Blob], max_frame_bytes: int, table: dict[int, tuple[_Decoder, frozenset[str], OpCode]],
+            kind: str) -> Any:  # fmt: skip
+    h, rid = _open(frames, max_frame_bytes)
+    op_value = h.get("op")
+    entry = table.get(op_value) if type(op_value) is int else None
+    if entry is None:
+        raise FrameError(f"unknown {kind} op {_show(op_value)}", rid=rid)
+    decoder, keys, op = entry
+    if not h.keys() <= keys:
+        extra = sorted(map(repr, h.keys() - keys))
+        raise FrameError(f"unknown fields in {op.name} {kind}: {', '.join(extra)}", rid=rid, op=op)
+    try:
+        return decoder(h, frames)
+    except _Invalid as exc:
+        raise FrameError(f"{op.name} {kind}: {exc}", rid=rid, op=op) from None
+    except KeyError as exc:
+        raise FrameError(f"{op.name} {kind}: missing field {exc.args[0]!r}", rid=rid, op=op) from None
+
+
+def decode_request(
+    frames: Sequence[Blob], *, max_frame_bytes: int = limits.frame_bytes_max_default
+) -> Request:
+    """The request in ``frames``, a list or tuple of bytes-like frames after the ROUTER identity.
+
+    Raises only :class:`FrameError`, whatever ``frames`` holds.
+    """
+    request: Request = _decode(frames, max_frame_bytes, _REQUESTS, "request")
+    return request
+
+
+def decode_response(
+    frames: Sequence[Blob], *, max_frame_bytes: int = limits.frame_bytes_max_default
+) -> Response:
+    """The response in ``frames`` (a list or tuple of bytes-like frames). Raises only :class:`FrameError`."""
+    response: Response = _decode(frames, max_frame_bytes, _RESPONSES, "response")
+    return response

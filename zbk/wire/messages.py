@@ -1,0 +1,259 @@
+"""One frozen dataclass per wire message (docs/protocol.md has the wire field names).
+
+Messages are plain values: the codec (:mod:`zbk.wire.codec`) turns them into ZeroMQ frames
+and back, and validates on the way in. Constructing one does not validate (the decoder
+already did, and the hot path should not pay twice); a message built with bad values is
+rejected by the receiving side's decoder.
+
+Entry blobs (:mod:`zbk.wire.entry`) travel as raw payload frames and are held here as the
+frame objects themselves (``bytes`` or ``memoryview``), never copied. Decoded sequences are
+tuples.
+
+Ids: ledger and entry ids are int64 >= 0; a LAC is an entry id or -1 (nothing confirmed);
+a request id (``rid``) is any uint64, chosen by the client, unique among its pending requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from zbk.wire.ops import AddFlag, ReadFlag
+from zbk.wire.status import Status
+
+Blob: TypeAlias = bytes | bytearray | memoryview
+"""A payload frame as received or sent: bytes, or a zero-copy view (zmq ``frame.buffer``)."""
+
+EntryRanges: TypeAlias = tuple[tuple[int, int], ...]
+"""Sorted, disjoint, non-adjacent inclusive ranges of entry ids: ((0, 9), (12, 12))."""
+
+MASTER_KEY_BYTES = 32  # SHA-256 (zbk.client.digest.master_key); the only length accepted
+BOOKIE_STATES = ("writable", "readonly")
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddRequest:
+    """ADD_ENTRY: store ``entries`` (entry blobs of ``ledger_id``, ascending entry ids)."""
+
+    rid: int
+    ledger_id: int
+    master_key: bytes
+    flags: AddFlag
+    entries: Sequence[Blob]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRequest:
+    """READ_ENTRY: read ``count`` entries from ``first_entry_id``.
+
+    With ``FENCE`` the ledger is fenced first (``master_key`` required). With ``LONG_POLL``
+    the bookie waits until its LAC > ``previous_lac`` or ``timeout_ms`` passes, then answers
+    the read as usual. ``master_key`` is optional otherwise (checked when present);
+    ``previous_lac`` and ``timeout_ms`` are sent only with ``LONG_POLL``.
+    """
+
+    rid: int
+    ledger_id: int
+    first_entry_id: int
+    count: int = 1
+    flags: ReadFlag = ReadFlag(0)
+    master_key: bytes | None = None
+    previous_lac: int = -1
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLacRequest:
+    """READ_LAC: the bookie's LAC and last entry; flags and fields as for :class:`ReadRequest`."""
+
+    rid: int
+    ledger_id: int
+    flags: ReadFlag = ReadFlag(0)
+    master_key: bytes | None = None
+    previous_lac: int = -1
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteLacRequest:
+    """WRITE_LAC: record ``lac`` as the ledger's explicit LAC on this bookie."""
+
+    rid: int
+    ledger_id: int
+    master_key: bytes
+    lac: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForceLedgerRequest:
+    """FORCE_LEDGER: fsync everything of ``ledger_id`` (ends a run of DEFERRED_SYNC adds)."""
+
+    rid: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteCloseRequest:
+    """WRITE_CLOSE (BP-32, advisory): the writer closed ``ledger_id``; never waited for."""
+
+    rid: int
+    ledger_id: int
+    master_key: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieInfoRequest:
+    """GET_BOOKIE_INFO."""
+
+    rid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListEntriesRequest:
+    """GET_LIST_OF_ENTRIES_OF_LEDGER: which entries of ``ledger_id`` does this bookie hold?"""
+
+    rid: int
+    ledger_id: int
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorResponse:
+    """ERROR: the request ``rid`` was rejected before it was understood (never with EOK).
+
+    Sent for a request that failed to decode (EBADREQ, EBADVERSION) or that the bookie shed
+    unread (ETOOMANYREQUESTS). Its layout (v, op, rid, st) is frozen across versions.
+    """
+
+    rid: int
+    status: Status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddResponse:
+    """ADD_ENTRY answer: one status for the whole batch (all stored, or an error).
+
+    ``first_entry_id``/``last_entry_id`` echo the batch's first and last entry ids. A batch
+    sent to one bookie may skip ids of other write sets, so these bound it and do not list it:
+    the client matches the answer to its batch by ``rid`` and checks the bounds.
+    """
+
+    rid: int
+    status: Status
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadResponse:
+    """READ_ENTRY answer: the contiguous prefix of the range that the bookie holds.
+
+    ``entries`` are entry blobs for ``first_entry_id``, ``first_entry_id + 1``, ... ``status``
+    is the status of the first entry *not* returned: EOK with fewer entries than asked means
+    the bookie stopped at its response size bound (ask again for the rest); ENOENTRY,
+    EUNKNOWN, ... describe entry ``first_entry_id + len(entries)``. ``lac`` is the bookie's
+    LAC for the ledger (-1 if none known).
+    """
+
+    rid: int
+    status: Status
+    ledger_id: int
+    first_entry_id: int
+    lac: int
+    entries: Sequence[Blob] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLacResponse:
+    """READ_LAC answer: the bookie's LAC and the blob of the highest entry it holds, if any.
+
+    ``lac`` is the maximum of the explicit LAC and the LACs piggybacked on stored entries;
+    ``last_entry`` lets a client take the LAC from a digest-checked entry instead.
+    """
+
+    rid: int
+    status: Status
+    ledger_id: int
+    lac: int
+    last_entry: Blob | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteLacResponse:
+    """WRITE_LAC answer."""
+
+    rid: int
+    status: Status
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForceLedgerResponse:
+    """FORCE_LEDGER answer: EOK once every entry acknowledged before it is durable."""
+
+    rid: int
+    status: Status
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteCloseResponse:
+    """WRITE_CLOSE answer (logged by the client, never waited for)."""
+
+    rid: int
+    status: Status
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieInfoResponse:
+    """GET_BOOKIE_INFO answer: ``state`` is "writable" or "readonly"."""
+
+    rid: int
+    status: Status
+    free_bytes: int
+    total_bytes: int
+    state: str
+    ledgers: int
+    limbo_ledgers: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListEntriesResponse:
+    """GET_LIST_OF_ENTRIES_OF_LEDGER answer: the held entry ids as sorted inclusive ranges."""
+
+    rid: int
+    status: Status
+    ledger_id: int
+    entry_ranges: EntryRanges = ()
+
+
+Request: TypeAlias = (
+    AddRequest
+    | ReadRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | ForceLedgerRequest
+    | WriteCloseRequest
+    | BookieInfoRequest
+    | ListEntriesRequest
+)
+Response: TypeAlias = (
+    ErrorResponse
+    | AddResponse
+    | ReadResponse
+    | ReadLacResponse
+    | WriteLacResponse
+    | ForceLedgerResponse
+    | WriteCloseResponse
+    | BookieInfoResponse
+    | ListEntriesResponse
+)
+Message: TypeAlias = Request | Response
