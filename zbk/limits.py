@@ -19,6 +19,10 @@ long_poll_timeout_ms_max = 60_000
 socket_hwm_messages = 10_000  # ZeroMQ send/receive high-water marks, every socket
 server_pending_requests_max = 50_000  # beyond: ETOOMANYREQUESTS
 
+# A ledger holds at most 2**32 entries. Index files are sparse fixed-size slots by entry id,
+# so an unbounded id from a damaged or hostile request would mean a multi-terabyte file.
+entry_id_max = 2**32 - 1
+
 # --- journal ----------------------------------------------------------------------------
 journal_record_bytes_max = entry_bytes_max + 4096
 journal_segment_bytes_default = 512 * 1024 * 1024

@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,11 +72,12 @@ class BootReport:
 
 
 class Bookie:
-    def __init__(self, cfg: BookieConfig, *, clock: Clock = SYSTEM_CLOCK, store: MetadataStore | None = None) -> None:
+    def __init__(self, cfg: BookieConfig, *, clock: Clock = SYSTEM_CLOCK, store: MetadataStore | None = None,
+                 stop_event: threading.Event | None = None) -> None:
         self.cfg = cfg.validate()
         self.clock = clock
         self.store = store or open_store(self.cfg.metadata_uri)
-        self.stop_event = threading.Event()
+        self.stop_event = stop_event or threading.Event()
         self.exit_code = 0
         self.crashed: str | None = None
         self.loops: list[ActorLoop] = []
@@ -85,6 +87,7 @@ class Bookie:
         self.server: ServerCore | None = None
         self.boot_report: BootReport | None = None
         self._reg_lock = threading.Lock()
+        self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbk-registrar")
         self.journal_dir = self.cfg.journal_dirs[0]
         self.index_dir = self.cfg.index_dirs[0]
 
@@ -326,8 +329,15 @@ class Bookie:
         threading.Thread(target=again, name="zbk-reregister", daemon=True).start()
 
     def _on_state_change(self, read_only: bool) -> None:
-        # Called on the server thread: registration is metadata I/O, so hand it off.
-        threading.Thread(target=self._register, kwargs={"read_only": read_only}, daemon=True).start()
+        # Called on the server thread: registration is metadata I/O, so hand it off to one
+        # worker (in order), which publishes whatever the state is when it runs.
+        self._registrar.submit(self._publish_state)
+
+    def _publish_state(self) -> None:
+        try:
+            self._register(read_only=bool(self.server and self.server.read_only))
+        except Exception as e:  # noqa: BLE001 - the lease-lost path retries
+            log.error("could not publish bookie state: %s", e)
 
     def _start_http(self) -> None:
         cfg = self.cfg
@@ -373,6 +383,7 @@ class Bookie:
     def stop(self) -> None:
         """Clean shutdown: unregister, stop actors, final checkpoint, clear the dirty marker."""
         self.stop_event.set()
+        self._registrar.shutdown(wait=True)
         if self.lease is not None:
             self.lease.stop()  # revokes the lease: the registration vanishes at once
         for loop in self.loops:
@@ -413,8 +424,13 @@ def _same_identity(a: cookies.Cookie, b: cookies.Cookie, *, check_incarnation: b
 
 def run_bookie(cfg: BookieConfig) -> int:
     """`zbk bookie`: boot, serve until SIGTERM/SIGINT, stop cleanly. Returns the exit code."""
+    stop = threading.Event()
+    # Handlers first: a SIGTERM during boot or while waiting for an old registration lease
+    # must still end in a clean stop, not a default-action kill.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        bookie = Bookie(cfg)
+        bookie = Bookie(cfg, stop_event=stop)
         bookie.boot()
     except CookieMismatchError as e:
         log.error("%s", e)
@@ -422,9 +438,13 @@ def run_bookie(cfg: BookieConfig) -> int:
     except Exception as e:  # noqa: BLE001 - any boot failure is one clear line and an exit code
         log.error("boot failed: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
         return EXIT_BOOT
-    bookie.start()
-    signal.signal(signal.SIGTERM, lambda *_: bookie.stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: bookie.stop_event.set())
+    try:
+        bookie.start()
+    except Exception as e:  # noqa: BLE001
+        if not stop.is_set():
+            log.error("start failed: %s", e)
+            bookie.stop()
+            return EXIT_BOOT
     code = bookie.wait()
     bookie.stop()
     if code:

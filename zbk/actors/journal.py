@@ -25,7 +25,7 @@ from zbk.actors.messages import (
     TrimJournal,
 )
 from zbk.metrics import bookie as m
-from zbk.storage.journal import JournalWriter, RecordType
+from zbk.storage.journal import JournalWriter, LogMark, RecordType
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ class JournalCore:
             assert self.outbox is not None
             self.outbox.send("entrylogger", Mark(msg.cp_id, tuple(self.writer.mark)))  # type: ignore[arg-type]
         elif isinstance(msg, TrimJournal):
-            deleted = self.writer.delete_segments_before(msg.mark)
+            deleted = self.writer.delete_segments_before(LogMark(*msg.mark))
             if deleted:
-                log.info("journal: deleted %d segment(s) before checkpoint mark %s", deleted, msg.mark)
+                log.info("journal: deleted %d segment(s) before checkpoint mark %s", len(deleted), msg.mark)
         else:
             raise AssertionError(f"journal: unexpected message {msg!r}")
 

@@ -233,7 +233,7 @@ class ServerCore:
 
     # ADD_ENTRY ---------------------------------------------------------------------------
     def _on_add(self, ident: bytes, req: w.AddRequest, now: float) -> None:
-        if self.read_only and not (req.flags & w.AddFlag.RECOVERY_ADD):
+        if self.read_only:  # recovery adds too: a full disk takes no more writes (limbo repair is local)
             self._error(ident, req, Status.EREADONLY)
             return
         lid = req.ledger_id
@@ -253,7 +253,7 @@ class ServerCore:
             except FrameError:
                 self._error(ident, req, Status.EBADREQ)
                 return
-            if b_lid != lid:
+            if b_lid != lid or not 0 <= eid <= limits.entry_id_max:
                 self._error(ident, req, Status.EBADREQ)
                 return
             entry_ids.append(eid)

@@ -1,0 +1,171 @@
+"""Protocol rules on a real bookie: fencing, master keys, BP-46 limbo, cookies, read-only,
+HTTP endpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.registry import LedgerStore, list_bookies
+from zbk.metadata.uri import open_store
+from zbk.wire import messages as w
+from zbk.wire.ops import AddFlag, ReadFlag
+from zbk.wire.status import Status
+
+from .util import MK, add, check_payloads, read
+
+
+def test_fence_then_plain_add_is_fenced_recovery_add_accepted_and_fence_survives_kill9(bookies):
+    bk = bookies()
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 1, list(range(5))).status == Status.EOK
+        r = c.call(w.ReadLacRequest(rid=c.next_rid(), ledger_id=1, flags=ReadFlag.FENCE, master_key=MK))
+        assert r.status == Status.EOK and r.lac == 3
+        assert add(c, 1, [5]).status == Status.EFENCED
+        assert add(c, 1, [5], flags=AddFlag.RECOVERY_ADD).status == Status.EOK
+        assert check_payloads(read(c, 1, 0, 10), 1) == [0, 1, 2, 3, 4, 5]
+    bk.kill9()
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 1, [6]).status == Status.EFENCED, "the fence must be durable"
+    assert bk.stop() == 0
+
+
+def test_fencing_read_creates_unknown_ledger_and_fences_it(bookies):
+    bk = bookies()
+    bk.start()
+    with bk.connect() as c:
+        r = read(c, 77, 0, flags=ReadFlag.FENCE, key=MK)
+        assert r.status == Status.ENOENTRY  # known now (fencing created it), entry absent
+        assert add(c, 77, [0]).status == Status.EFENCED
+    assert bk.stop() == 0
+
+
+def test_wrong_master_key_is_eua_and_stores_nothing(bookies):
+    bk = bookies()
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 2, [0, 1]).status == Status.EOK
+        assert add(c, 2, [2, 3], key=b"\x01" * 32).status == Status.EUA
+        assert read(c, 2, 2).status == Status.ENOENTRY
+        r = c.call(w.ReadLacRequest(rid=c.next_rid(), ledger_id=2, flags=ReadFlag.FENCE, master_key=b"\x02" * 32))
+        assert r.status == Status.EUA
+        assert add(c, 2, [2]).status == Status.EOK, "a fencing read with a wrong key must fence nothing"
+        lst = c.call(w.ListEntriesRequest(rid=c.next_rid(), ledger_id=2))
+        assert lst.entry_ranges == ((0, 2),)
+    assert bk.stop() == 0
+
+
+def test_journal_off_kill9_makes_open_ledgers_fenced_and_limbo(bookies):
+    bk = bookies(settings={"journal_write_data": False, "entry_log_write_buffer_bytes": 4 * 1024 * 1024,
+                           "flush_interval_ms": 600_000})
+    store = open_store(bookies.metadata_uri)
+    ledgers = LedgerStore(store)
+    frag = ((0, (bk.bookie_id, "127.0.0.1:1", "127.0.0.1:2")),)
+    open_md, _ = ledgers.create(LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=3, ack_quorum=2,
+                                               password=b"secret", fragments=frag))
+    closed_md, v = ledgers.create(LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=3, ack_quorum=2,
+                                                 password=b"secret", fragments=frag))
+    ledgers.write(closed_md.closed(9, 0), v)
+    bk.start()
+    with bk.connect() as c:
+        for md in (open_md, closed_md):
+            assert add(c, md.ledger_id, list(range(10))).status == Status.EOK
+        info = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+        assert info.limbo_ledgers == 0
+    bk.kill9()  # the entries sat in the entry logger's write buffer: they are gone
+    bk.start()
+    with bk.connect() as c:
+        info = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+        assert info.limbo_ledgers == 1
+        lid = open_md.ledger_id
+        assert add(c, lid, [10]).status == Status.EFENCED
+        r = read(c, lid, 3)
+        assert r.status == Status.EUNKNOWN, f"a lost entry of a limbo ledger must be EUNKNOWN, got {r.status!r}"
+        lst = c.call(w.ListEntriesRequest(rid=c.next_rid(), ledger_id=lid))
+        assert lst.status == Status.EUNKNOWN
+        # The closed ledger is neither fenced nor limbo: an explicit negative is allowed there.
+        assert read(c, closed_md.ledger_id, 3).status in (Status.ENOENTRY, Status.ENOLEDGER)
+        assert add(c, lid, [0], flags=AddFlag.RECOVERY_ADD).status == Status.EOK
+        assert check_payloads(read(c, lid, 0), lid) == [0]
+    assert bk.stop() == 0
+    store.close()
+
+
+def test_cookie_mismatch_refuses_boot_and_auto_fix_runs_phase_one(bookies):
+    bk = bookies()
+    bk.start()
+    assert bk.stop() == 0
+    shutil.rmtree(bk.data_dir / "ledgers")  # a replaced, empty disk
+    bk.start(wait=False)
+    assert bk.exit_code(60) == 4
+    assert "cookie" in bk.log_tail().lower()
+    bk.settings["auto_fix_cookie"] = True
+    bk.start()
+    assert "phase_one" in bk.log_tail(80)
+    assert bk.stop() == 0
+
+
+def _http(bk, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{bk.http_port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_endpoints_and_manual_read_only(bookies):
+    bk = bookies()
+    bk.start()
+    store = open_store(bookies.metadata_uri)
+    with bk.connect() as c:
+        assert add(c, 3, [0, 1, 2]).status == Status.EOK
+    code, body = _http(bk, "GET", "/heartbeat")
+    assert code == 200
+    code, body = _http(bk, "GET", "/api/v1/bookie/info")
+    info = json.loads(body)
+    assert code == 200 and info["state"] == "writable" and info["ledgers"] == 1 and info["id"] == bk.bookie_id
+    code, body = _http(bk, "GET", "/metrics")
+    text = body.decode()
+    for name in ("zbk_bookie_add_entry_seconds", "zbk_journal_fsync_seconds", "zbk_bookie_requests_total",
+                 "zbk_bookie_writable", "zbk_journal_group_commit_entries"):
+        assert name in text, name
+    assert _http(bk, "PUT", "/api/v1/bookie/state", {"state": "sideways"})[0] == 400
+    assert _http(bk, "PUT", "/api/v1/bookie/state", {"state": "readonly"})[0] == 200
+    deadline = time.monotonic() + 10
+    # Moving between lists writes the new key before deleting the old: wait for the end state.
+    while (not list_bookies(store, readonly=True) or list_bookies(store)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [b.bookie_id for b in list_bookies(store, readonly=True)] == [bk.bookie_id]
+    assert list_bookies(store) == []
+    with bk.connect() as c:
+        assert add(c, 3, [3]).status == Status.EREADONLY
+        assert check_payloads(read(c, 3, 0, 3), 3) == [0, 1, 2]  # reads still served
+    assert _http(bk, "PUT", "/api/v1/bookie/state", {"state": "writable"})[0] == 200
+    with bk.connect() as c:
+        assert add(c, 3, [3]).status == Status.EOK
+    assert bk.stop() == 0
+    deadline = time.monotonic() + 5
+    while list_bookies(store) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list_bookies(store) == [], "a clean stop unregisters the bookie"
+    store.close()
+
+
+def test_disk_over_threshold_turns_read_only(bookies):
+    bk = bookies(settings={"disk_usage_threshold": 0.001, "disk_usage_warn_threshold": 0.0005,
+                           "disk_check_interval_ms": 100})
+    bk.start()
+    time.sleep(0.5)
+    with bk.connect() as c:
+        assert add(c, 4, [0]).status == Status.EREADONLY
+        info = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+        assert info.state == "readonly"
+        assert add(c, 4, [0], flags=AddFlag.RECOVERY_ADD).status == Status.EREADONLY
+    assert bk.stop() == 0

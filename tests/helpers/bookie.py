@@ -1,0 +1,87 @@
+"""Real bookie processes for tests: started with the `zbk bookie` CLI on free loopback ports,
+always stopped by PID (SIGTERM for a clean stop, SIGKILL for kill -9 tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers.procs import free_port, start_process, stop_process, tail
+
+from zbk.client.raw import BookieConnection
+from zbk.errors import ZbkError
+from zbk.wire import messages as w
+
+
+class BookieProcess:
+    def __init__(self, root: Path, metadata_uri: str, *, port: int | None = None, name: str = "bookie",
+                 settings: dict[str, object] | None = None) -> None:
+        self.root = root
+        self.data_dir = root / name
+        self.log = root / f"{name}.log"
+        self.metadata_uri = metadata_uri
+        self.port = port or free_port()
+        self.http_port = free_port()
+        self.settings = {"registration_ttl_s": 2, "disk_check_interval_ms": 1000, **(settings or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bookie_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", self.metadata_uri,
+                "--data-dir", str(self.data_dir), "--port", str(self.port), "--http-port", str(self.http_port)]
+        for k, v in self.settings.items():
+            argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+        return argv
+
+    def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> BookieProcess:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = start_process(self.argv(), self.log, env=env)
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"bookie exited with {self.proc.returncode}:\n{tail(self.log)}")
+            try:
+                with BookieConnection(self.bookie_id, timeout_s=0.5) as c:
+                    resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+                    if resp.status == 0:
+                        return
+            except ZbkError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"bookie not ready in {timeout_s}s:\n{tail(self.log)}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        """Clean stop (SIGTERM); returns the exit code."""
+        if self.proc is None:
+            return None
+        stop_process(self.proc, timeout_s=20.0)
+        return self.proc.returncode
+
+    def exit_code(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def connect(self, timeout_s: float = 10.0) -> BookieConnection:
+        return BookieConnection(self.bookie_id, timeout_s=timeout_s)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.log, lines)

@@ -1,0 +1,294 @@
+"""`zbk shell`: admin commands (API.md "Command line").
+
+With --metadata URI: commands against the cluster. With --data-dir DIR: offline tools
+over one bookie's files (the bookie must be stopped). --json prints machine-readable
+output; otherwise readable tables. Expected failures are one line and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from zbk.errors import EXIT_UNREACHABLE, EXIT_USAGE, BadRequestError, ZbkError
+
+Handler = Callable[[argparse.Namespace], Any]
+COMMANDS: dict[str, tuple[Handler, str]] = {}
+
+
+def command(name: str, help_: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        COMMANDS[name] = (fn, help_)
+        return fn
+    return deco
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from zbk.metadata.uri import open_store
+
+    if not args.metadata:
+        raise BadRequestError("this command needs --metadata URI")
+    return open_store(args.metadata)
+
+
+def _out(args: argparse.Namespace, data: Any, table: Callable[[Any], str] | None = None) -> None:
+    if args.json or table is None:
+        print(json.dumps(data, indent=None if args.json else 2, default=_jsonable))
+    else:
+        print(table(data))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        try:
+            return b.decode()
+        except UnicodeDecodeError:
+            return b.hex()
+    if isinstance(v, tuple):
+        return list(v)
+    raise TypeError(type(v).__name__)
+
+
+def _rows(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- metadata commands ------------------------------------------------------------------------
+@command("listbookies", "list writable (or --readonly) bookies")
+def _listbookies(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import list_bookies
+
+    regs = list_bookies(_store(args), readonly=args.readonly)
+    data = [{"id": r.bookie_id, "state": r.state, "rack": r.rack, "http": r.http_url} for r in regs]
+    _out(args, data, lambda d: _rows(["bookie", "state", "rack", "http"],
+                                     [[x["id"], x["state"], x["rack"], x["http"]] for x in d]))
+
+
+@command("listledgers", "list ledger ids")
+def _listledgers(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import LedgerStore
+
+    ids = list(LedgerStore(_store(args)).list_ids())
+    _out(args, ids, lambda d: "\n".join(str(i) for i in d) or "(no ledgers)")
+
+
+def _md_dict(md: Any, version: int) -> dict[str, Any]:
+    return {"ledger_id": md.ledger_id, "state": md.state, "ensemble_size": md.ensemble_size,
+            "write_quorum": md.write_quorum, "ack_quorum": md.ack_quorum, "digest": md.digest,
+            "last_entry_id": md.last_entry_id, "length": md.length,
+            "ensembles": {str(k): v for k, v in md.ensembles.items()},
+            "custom_metadata": {k: _jsonable(v) for k, v in md.custom_metadata.items()},
+            "ctime_ms": md.ctime_ms, "version": version}
+
+
+@command("ledgermetadata", "show one ledger's metadata")
+def _ledgermetadata(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import LedgerStore
+
+    md, version = LedgerStore(_store(args)).read(_lid(args))
+    _out(args, _md_dict(md, version))
+
+
+@command("deleteledger", "delete a ledger's metadata (bookies reclaim its space by GC)")
+def _deleteledger(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import LedgerStore
+
+    lid = _lid(args)
+    LedgerStore(_store(args)).delete(lid)
+    _out(args, {"deleted": lid}, lambda d: f"ledger {d['deleted']} deleted")
+
+
+@command("instanceid", "show the cluster instance id")
+def _instanceid(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import get_or_create_instance_id
+
+    _out(args, {"instance_id": get_or_create_instance_id(_store(args))}, lambda d: d["instance_id"])
+
+
+@command("cookie", "cookie get|fix BOOKIE: show a bookie's cookie, or mark it for fixing")
+def _cookie(args: argparse.Namespace) -> None:
+    from zbk.metadata.registry import read_cookie
+
+    if len(args.rest) != 2 or args.rest[0] not in ("get", "fix"):
+        raise BadRequestError("usage: cookie get|fix BOOKIE")
+    verb, bookie = args.rest
+    store = _store(args)
+    found = read_cookie(store, bookie)
+    if verb == "get":
+        if found is None:
+            raise ZbkError(f"no cookie for bookie {bookie}")
+        c, version = found
+        _out(args, {"bookie_id": c.bookie_id, "instance_id": c.instance_id, "journal_dirs": c.journal_dirs,
+                    "ledger_dirs": c.ledger_dirs, "index_dirs": c.index_dirs, "incarnation": c.incarnation,
+                    "version": version})
+        return
+    # fix: drop the metadata copy; the bookie's next boot sees a mismatch-free fresh cookie
+    # only with its directories' copies removed too, so it runs BP-46 phase one. We remove
+    # the metadata copy and tell the operator to start the bookie with auto_fix_cookie.
+    from zbk.metadata.registry import delete_cookie
+
+    if found is not None:
+        delete_cookie(store, bookie, found[1])
+    _out(args, {"bookie_id": bookie, "fixed": True},
+         lambda d: f"cookie of {bookie} removed from metadata; start the bookie with "
+                   "--set auto_fix_cookie=true to rewrite it (BP-46 phase one fences and limbos its open ledgers)")
+
+
+# -- commands against one bookie -----------------------------------------------------------
+@command("bookieinfo", "bookieinfo B: a bookie's state, space and ledger counts")
+def _bookieinfo(args: argparse.Namespace) -> None:
+    from zbk.client.raw import BookieConnection
+    from zbk.wire import messages as w
+
+    bookie = _one(args, "bookieinfo BOOKIE")
+    with BookieConnection(bookie, timeout_s=args.timeout) as c:
+        r = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+    _out(args, {"bookie_id": bookie, "state": r.state, "free_bytes": r.free_bytes, "total_bytes": r.total_bytes,
+                "ledgers": r.ledgers, "limbo_ledgers": r.limbo_ledgers})
+
+
+@command("readentry", "readentry --bookie B LID EID: one bookie's answer for one entry")
+def _readentry(args: argparse.Namespace) -> int:
+    from zbk.client.raw import BookieConnection
+    from zbk.wire import messages as w
+    from zbk.wire.entry import peek_entry_header
+
+    if not args.bookie or len(args.rest) != 2:
+        raise BadRequestError("usage: readentry --bookie B LID EID")
+    lid, eid = (_int(x) for x in args.rest)
+    with BookieConnection(args.bookie, timeout_s=args.timeout) as c:
+        r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=eid))
+    data: dict[str, Any] = {"bookie": args.bookie, "ledger_id": lid, "entry_id": eid, "status": r.status.name,
+                            "lac": r.lac}
+    if r.entries:
+        blob = bytes(r.entries[0])
+        data["entry_lac"] = peek_entry_header(blob)[2]
+        data["bytes"] = len(blob)
+        data["blob_hex"] = blob.hex() if args.json else blob[:64].hex() + ("..." if len(blob) > 64 else "")
+    _out(args, data)
+    return 0 if r.entries else 1
+
+
+@command("ledgerentries", "ledgerentries --bookie B LID: entry ids one bookie holds")
+def _ledgerentries(args: argparse.Namespace) -> int:
+    from zbk.client.raw import BookieConnection
+    from zbk.wire import messages as w
+
+    if not args.bookie or len(args.rest) != 1:
+        raise BadRequestError("usage: ledgerentries --bookie B LID")
+    lid = _int(args.rest[0])
+    with BookieConnection(args.bookie, timeout_s=args.timeout) as c:
+        r = c.call(w.ListEntriesRequest(rid=c.next_rid(), ledger_id=lid))
+    _out(args, {"bookie": args.bookie, "ledger_id": lid, "status": r.status.name,
+                "ranges": [list(x) for x in r.entry_ranges]},
+         lambda d: f"{d['status']}: " + (", ".join(f"{a}-{b}" if a != b else str(a) for a, b in d["ranges"]) or "none"))
+    return 0 if r.status == 0 else 1
+
+
+# -- offline tools ----------------------------------------------------------------------------
+@command("readjournal", "offline: list the journal records of --data-dir")
+def _readjournal(args: argparse.Namespace) -> None:
+    import os
+
+    from zbk.storage.journal import replay
+    from zbk.storage.markers import read_last_mark
+
+    d = _data_dir(args)
+    mark = read_last_mark(os.path.join(d, "index"))
+    out = []
+    for rec, m in replay(os.path.join(d, "journal"), mark):
+        out.append({"type": rec.type.name, "ledger_id": rec.ledger_id, "entry_id": rec.entry_id,
+                    "bytes": len(rec.payload), "mark": list(m)})
+    _out(args, out, lambda rows: _rows(["type", "ledger", "entry", "bytes", "mark"],
+                                       [[r["type"], r["ledger_id"], r["entry_id"], r["bytes"], r["mark"]] for r in rows]))
+
+
+@command("readlog", "offline: readlog LOGID: the records of one entry log of --data-dir")
+def _readlog(args: argparse.Namespace) -> None:
+    import os
+
+    from zbk.storage.entrylog import list_logs, scan_file
+
+    d = _data_dir(args)
+    log_id = _int(_one(args, "readlog LOGID"))
+    path = list_logs(os.path.join(d, "ledgers")).get(log_id)
+    if path is None:
+        raise ZbkError(f"no entry log {log_id} in {d}/ledgers")
+    rows = [{"ledger_id": lid, "entry_id": eid, "location": loc, "bytes": len(blob)}
+            for lid, eid, loc, blob in scan_file(path)]
+    _out(args, rows, lambda rs: _rows(["ledger", "entry", "location", "bytes"],
+                                      [[r["ledger_id"], r["entry_id"], r["location"], r["bytes"]] for r in rs]))
+
+
+@command("lastmark", "offline: the last checkpointed journal mark of --data-dir")
+def _lastmark(args: argparse.Namespace) -> None:
+    import os
+
+    from zbk.storage.markers import read_last_mark
+
+    mark = read_last_mark(os.path.join(_data_dir(args), "index"))
+    _out(args, {"segment_id": mark.segment_id, "offset": mark.offset}, lambda d: f"{d['segment_id']}:{d['offset']}")
+
+
+# -- plumbing ---------------------------------------------------------------------------------
+def _data_dir(args: argparse.Namespace) -> str:
+    if not args.data_dir:
+        raise BadRequestError("offline tools need --data-dir DIR")
+    return str(args.data_dir)
+
+
+def _int(s: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        raise BadRequestError(f"expected a number, got {s!r}") from None
+
+
+def _lid(args: argparse.Namespace) -> int:
+    return _int(_one(args, "LID"))
+
+
+def _one(args: argparse.Namespace, usage: str) -> str:
+    if len(args.rest) != 1:
+        raise BadRequestError(f"usage: {args.shell_command} {usage}")
+    return str(args.rest[0])
+
+
+def _run(args: argparse.Namespace) -> int:
+    entry = COMMANDS.get(args.shell_command)
+    if entry is None:
+        print(f"zbk shell: unknown command {args.shell_command!r}; commands: {', '.join(sorted(COMMANDS))}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = entry[0](args)
+    except ZbkError as e:
+        print(f"zbk shell {args.shell_command}: {e.code}: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:
+        print(f"zbk shell {args.shell_command}: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return int(result or 0)
+
+
+def add_parser(sub: Any) -> None:
+    helps = "\n".join(f"  {name:<16} {h}" for name, (_, h) in sorted(COMMANDS.items()))
+    p = sub.add_parser("shell", help="admin commands", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="commands:\n" + helps)
+    p.add_argument("--metadata", help="metadata URI")
+    p.add_argument("--data-dir", help="a bookie's data directory (offline tools)")
+    p.add_argument("--bookie", help="bookie id host:port (readentry, ledgerentries)")
+    p.add_argument("--readonly", action="store_true", help="listbookies: read-only bookies")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a bookie")
+    p.add_argument("shell_command", metavar="COMMAND")
+    p.add_argument("rest", nargs="*", metavar="ARG")
+    p.set_defaults(func=_run)
