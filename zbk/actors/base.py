@@ -81,7 +81,8 @@ class SocketOutbox:
             self._socks[peer] = s
 
     def send(self, dest: str, msg: Any) -> None:
-        self._socks[dest].send(pickle.dumps(msg, protocol=5), copy=False)
+        # copy=True: a memcpy is cheaper than pyzmq's zero-copy bookkeeping (a GC thread per frame).
+        self._socks[dest].send(pickle.dumps(msg, protocol=5), copy=True)
 
     def close(self) -> None:
         for s in self._socks.values():
