@@ -61,10 +61,11 @@ def test_build_then_parse_and_peek(fields: tuple[int, int, int, bytes], kind: st
 
 
 def test_layout_is_the_documented_one() -> None:
-    blob = build_entry(7, 5, 4, b"abc", make_digest("crc32", b""))
-    assert blob[:30] == struct.pack(">BBqqqI", ENTRY_FORMAT_VERSION, DigestType.CRC32, 7, 5, 4, 3)
-    assert blob[30:34] == zlib.crc32(b"abc", zlib.crc32(blob[:30])).to_bytes(4, "big")
-    assert blob[34:] == b"abc"
+    blob = build_entry(7, 5, 4, b"abc", make_digest("crc32", b""), ledger_length=103)
+    assert blob[:38] == struct.pack(">BBqqqQI", ENTRY_FORMAT_VERSION, DigestType.CRC32, 7, 5, 4, 103, 3)
+    assert blob[38:42] == zlib.crc32(b"abc", zlib.crc32(blob[:38])).to_bytes(4, "big")
+    assert blob[42:] == b"abc"
+    assert parse_entry(blob, make_digest("crc32", b"")).ledger_length == 103
     assert DIGEST_BYTES == {
         DigestType.DUMMY: 0,
         DigestType.CRC32: 4,
@@ -150,8 +151,10 @@ def test_payload_size_limit(digest: Digest) -> None:
     assert peek_entry_header(blob) == (1, 0, -1)
 
 
-def _raw(version: int = 1, dtype: int = 0, lid: int = 1, eid: int = 1, lac: int = 0, size: int = 0) -> bytes:
-    return struct.pack(">BBqqqI", version, dtype, lid, eid, lac, size) + bytes(
+def _raw(version: int = 1, dtype: int = 0, lid: int = 1, eid: int = 1, lac: int = 0, size: int = 0,
+         total: int | None = None) -> bytes:
+    total = size if total is None else total
+    return struct.pack(">BBqqqQI", version, dtype, lid, eid, lac, total, size) + bytes(
         DIGEST_BYTES.get(dtype, 0) + size
     )
 
@@ -170,7 +173,8 @@ def _raw(version: int = 1, dtype: int = 0, lid: int = 1, eid: int = 1, lac: int 
         _raw(eid=3, lac=-2),
         _raw(size=5)[:-1],
         _raw(size=5) + b"x",
-        struct.pack(">BBqqqI", 1, 0, 1, 1, 0, limits.entry_bytes_max + 1),
+        struct.pack(">BBqqqQI", 1, 0, 1, 1, 0, limits.entry_bytes_max + 1, limits.entry_bytes_max + 1),
+        _raw(size=5, total=4),  # a ledger can not be shorter than its last entry
         "not bytes",
         None,
     ],

@@ -8,11 +8,15 @@ Format version 1 (all integers big-endian)::
     2       8     ledger id        int64 >= 0
     10      8     entry id         int64 >= 0
     18      8     LAC at write time int64, -1 <= lac < entry id
-    26      4     payload length   uint32 <= limits.entry_bytes_max
-    30      D     digest (D = 0, 4, 4 or 32 bytes by digest type)
-    30 + D  N     payload
+    26      8     ledger length    uint64: payload bytes of entries 0..entry id, this one included
+    34      4     payload length   uint32 <= limits.entry_bytes_max
+    38      D     digest (D = 0, 4, 4 or 32 bytes by digest type)
+    38 + D  N     payload
 
-The digest covers the 30 header bytes and the payload: every field but itself. It is
+The ledger length lets recovery close a ledger with its length from the last entry alone
+(as BookKeeper's entry header does), without reading the whole ledger.
+
+The digest covers the 38 header bytes and the payload: every field but itself. It is
 computed with the ledger's digest (``zbk.client.digest``); a bookie never has the password,
 so it checks only the structure (:func:`peek_entry_header`), while readers check the digest
 (:func:`parse_entry`). The version and digest type lead the blob so that a reader can tell
@@ -34,8 +38,8 @@ from zbk.wire.errors import FrameError
 from zbk.wire.messages import Blob
 
 ENTRY_FORMAT_VERSION = 1
-_HEADER = struct.Struct(">BBqqqI")
-ENTRY_HEADER_BYTES = _HEADER.size  # 30
+_HEADER = struct.Struct(">BBqqqQI")
+ENTRY_HEADER_BYTES = _HEADER.size  # 38
 _INT64_MAX = 2**63 - 1
 
 
@@ -75,28 +79,34 @@ class ParsedEntry:
     entry_id: int
     lac: int
     payload: memoryview
+    ledger_length: int = 0
 
 
-def build_entry(ledger_id: int, entry_id: int, lac: int, payload: Blob, digest: EntryDigest) -> bytes:
-    """The blob of one entry (one copy of the payload)."""
+def build_entry(ledger_id: int, entry_id: int, lac: int, payload: Blob, digest: EntryDigest,
+                ledger_length: int | None = None) -> bytes:
+    """The blob of one entry (one copy of the payload). ``ledger_length`` is the ledger's
+    length including this payload (default: just this payload's size)."""
     assert 0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX, (ledger_id, entry_id)
     assert -1 <= lac < entry_id, f"lac {lac} must be -1 or below entry id {entry_id}"
     size = memoryview(payload).nbytes
     if size > limits.entry_bytes_max:
         raise BadRequestError(f"entry payload of {size} bytes exceeds {limits.entry_bytes_max}")
-    header = _HEADER.pack(ENTRY_FORMAT_VERSION, digest.type, ledger_id, entry_id, lac, size)
+    total = size if ledger_length is None else ledger_length
+    assert total >= size, (total, size)
+    header = _HEADER.pack(ENTRY_FORMAT_VERSION, digest.type, ledger_id, entry_id, lac, total, size)
     code = digest.compute(header, payload)
     assert len(code) == digest.size == DIGEST_BYTES[digest.type]
     return b"".join((header, code, payload))
 
 
-def _check_structure(blob: Blob) -> tuple[int, int, int, int, int] | str:
-    """(digest type, ledger id, entry id, lac, digest size) of a well-formed blob, else why not.
+def _check_structure(blob: Blob) -> tuple[int, int, int, int, int, int] | str:
+    """(digest type, ledger id, entry id, lac, digest size, ledger length) of a well-formed
+    blob, else why not.
 
     One struct.unpack_from and a few comparisons: cheap enough for every add on a bookie.
     """
     try:
-        version, dtype, ledger_id, entry_id, lac, size = _HEADER.unpack_from(blob)
+        version, dtype, ledger_id, entry_id, lac, total, size = _HEADER.unpack_from(blob)
     except (struct.error, TypeError):
         return "entry shorter than its header"
     if version != ENTRY_FORMAT_VERSION:
@@ -108,7 +118,9 @@ def _check_structure(blob: Blob) -> tuple[int, int, int, int, int] | str:
         return f"bad ids: ledger {ledger_id} entry {entry_id} lac {lac}"
     if size > limits.entry_bytes_max or len(blob) != ENTRY_HEADER_BYTES + dsize + size:
         return f"entry of {len(blob)} bytes does not match its payload length {size}"
-    return dtype, ledger_id, entry_id, lac, dsize
+    if total < size:
+        return f"ledger length {total} is below the entry's own payload length {size}"
+    return dtype, ledger_id, entry_id, lac, dsize, total
 
 
 def peek_entry_header(blob: Blob) -> tuple[int, int, int]:
@@ -140,7 +152,7 @@ def parse_entry(
     checked = _check_structure(blob)
     if isinstance(checked, str):
         raise DigestMismatchError(checked)
-    dtype, lid, eid, lac, dsize = checked
+    dtype, lid, eid, lac, dsize, total = checked
     if dtype != digest.type:
         raise DigestMismatchError(f"entry digest type {dtype} is not the ledger's {int(digest.type)}")
     if (ledger_id is not None and lid != ledger_id) or (entry_id is not None and eid != entry_id):
@@ -150,4 +162,4 @@ def parse_entry(
     expected = digest.compute(view[:ENTRY_HEADER_BYTES], payload)
     if not hmac.compare_digest(expected, view[ENTRY_HEADER_BYTES : ENTRY_HEADER_BYTES + dsize]):
         raise DigestMismatchError(f"digest mismatch in entry {lid}/{eid}")
-    return ParsedEntry(lid, eid, lac, payload)
+    return ParsedEntry(lid, eid, lac, payload, total)

@@ -1,0 +1,190 @@
+"""AsyncBookKeeper: the asyncio core of the client (API.md "Python client").
+
+    async with zbk.AsyncBookKeeper("sqlite:///var/zbk/meta.db") as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw")
+        await lh.append(b"x")
+
+Metadata calls are blocking driver calls; they run in a worker thread so the event loop
+keeps pipelining adds meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+from zbk.client import placement
+from zbk.client.digest import Digest, make_digest, master_key
+from zbk.client.handles import LedgerHandle, ReadHandle
+from zbk.client.recovery import check_password, recover
+from zbk.client.transport import Transport, ZmqTransport
+from zbk.config import ClientConfig
+from zbk.errors import BadRequestError, NoSuchLedgerError, ZbkError
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
+from zbk.metadata.store import MetadataStore
+from zbk.metadata.uri import open_store
+from zbk.wire import messages as w
+from zbk.wire.status import Status
+
+log = logging.getLogger(__name__)
+
+
+class _Placement:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def choose_ensemble(self, bookies: list[BookieRegistration], size: int) -> list[str]:
+        return placement.choose_ensemble(bookies, size, rng=self.rng)
+
+    def choose_replacement(self, bookies: list[BookieRegistration], ensemble: list[str], index: int, *,
+                           exclude: set[str]) -> str:
+        return placement.choose_replacement(bookies, ensemble, index, exclude=exclude, rng=self.rng)
+
+
+class ClientContext:
+    """What handles share: transport, metadata, configuration, placement."""
+
+    def __init__(self, store: MetadataStore, transport: Transport, config: ClientConfig, rng: random.Random) -> None:
+        self.store = store
+        self.ledgers = LedgerStore(store)
+        self.transport = transport
+        self.config = config
+        self.placement = _Placement(rng)
+        self.add_timeout_s = config.add_timeout_ms / 1000
+        self.read_timeout_s = config.read_timeout_ms / 1000
+        self.speculative_read_s = config.speculative_read_ms / 1000
+        self._digests: dict[tuple[str, bytes], Digest] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def digest_for(self, kind: str, password: bytes) -> Digest:
+        key = (kind, password)
+        d = self._digests.get(key)
+        if d is None:
+            d = self._digests[key] = make_digest(kind, password)
+        return d
+
+    def master_key_for(self, password: bytes) -> bytes:
+        return master_key(password)
+
+    async def read_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        return await asyncio.to_thread(self.ledgers.read, ledger_id)
+
+    async def write_metadata(self, md: LedgerMetadata, version: int) -> int:
+        return await asyncio.to_thread(self.ledgers.write, md, version)
+
+    async def writable_bookies(self) -> list[BookieRegistration]:
+        return await asyncio.to_thread(list_bookies, self.store)
+
+    def send_write_close(self, md: LedgerMetadata, key: bytes) -> None:
+        """BP-32 advisory WRITE_CLOSE to the last ensemble; never waited for, failures logged."""
+
+        async def one(bookie: str) -> None:
+            try:
+                resp = await self.transport.request(
+                    bookie, w.WriteCloseRequest(rid=self.transport.next_rid(), ledger_id=md.ledger_id, master_key=key),
+                    self.read_timeout_s)
+                if resp.status != Status.EOK:
+                    log.info("write-close of ledger %d on %s: %s", md.ledger_id, bookie, resp.status.name)
+            except ZbkError as e:
+                log.info("write-close of ledger %d on %s failed: %s", md.ledger_id, bookie, e)
+
+        for b in md.last_ensemble:
+            task = asyncio.ensure_future(one(b))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+
+class AsyncBookKeeper:
+    def __init__(self, metadata_uri: str | None = None, *, config: ClientConfig | None = None,
+                 store: MetadataStore | None = None, transport: Transport | None = None,
+                 rng: random.Random | None = None) -> None:
+        if store is None and metadata_uri is None:
+            raise BadRequestError("AsyncBookKeeper needs a metadata URI (or a store)")
+        self.metadata_uri = metadata_uri
+        self.config = (config or ClientConfig()).validate()
+        self._store = store
+        self._owns_store = store is None
+        self._transport = transport
+        self._rng = rng or random.Random()
+        self.ctx: ClientContext | None = None
+
+    async def start(self) -> AsyncBookKeeper:
+        if self.ctx is None:
+            store = self._store or await asyncio.to_thread(open_store, self.metadata_uri or "")
+            self.ctx = ClientContext(store, self._transport or ZmqTransport(), self.config, self._rng)
+        return self
+
+    async def close(self) -> None:
+        if self.ctx is None:
+            return
+        ctx, self.ctx = self.ctx, None
+        if ctx._background:
+            await asyncio.wait(list(ctx._background), timeout=1.0)
+        await ctx.transport.close()
+        if self._owns_store:
+            await asyncio.to_thread(ctx.store.close)
+
+    async def __aenter__(self) -> AsyncBookKeeper:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _ctx(self) -> ClientContext:
+        if self.ctx is None:
+            raise ZbkError("the client is not started (use `async with` or await start())")
+        return self.ctx
+
+    # -- ledgers ------------------------------------------------------------------------------
+    async def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
+                            password: bytes = b"", digest: str = "crc32c",
+                            custom_metadata: dict[str, bytes] | None = None) -> LedgerHandle:
+        ctx = self._ctx()
+        bookies = await ctx.writable_bookies()
+        chosen = ctx.placement.choose_ensemble(bookies, ensemble)
+        md = LedgerMetadata(ledger_id=0, ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                            digest=digest, password=bytes(password), fragments=((0, tuple(chosen)),),
+                            custom_metadata={k: bytes(v) for k, v in (custom_metadata or {}).items()},
+                            ctime_ms=int(time.time() * 1000)).validate()
+        md, version = await asyncio.to_thread(ctx.ledgers.create, md)
+        return LedgerHandle(ctx, md, version, bytes(password))
+
+    async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> ReadHandle:
+        """With recovery (default): fence and recover, then read the closed ledger. Without:
+        read up to the LAC, never fencing (a tailing standby)."""
+        ctx = self._ctx()
+        if recovery:
+            md, version = await recover(ctx, ledger_id, bytes(password))
+            return ReadHandle(ctx, md, version, bytes(password))
+        md, version = await ctx.read_metadata(ledger_id)
+        check_password(md, bytes(password))
+        handle = ReadHandle(ctx, md, version, bytes(password))
+        if not md.is_closed:
+            try:
+                await handle.read_last_add_confirmed()
+            except ZbkError as e:  # readable later; the LAC is only a hint at open
+                log.info("ledger %d: LAC unknown at open: %s", ledger_id, e)
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        ctx = self._ctx()
+        await asyncio.to_thread(ctx.ledgers.delete, ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        ctx = self._ctx()
+        return await asyncio.to_thread(lambda: list(ctx.ledgers.list_ids()))
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        md, _ = await self._ctx().read_metadata(ledger_id)
+        return md
+
+    async def ledger_exists(self, ledger_id: int) -> bool:
+        try:
+            await self.ledger_metadata(ledger_id)
+            return True
+        except NoSuchLedgerError:
+            return False

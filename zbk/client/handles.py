@@ -1,0 +1,523 @@
+"""Ledger handles: reading (ReadHandle) and writing (LedgerHandle, which can also read).
+
+Write path: each append gets the next entry id and its blob (digest over everything,
+piggybacking the current LAC); entries queued in the same event-loop turn are batched into
+ONE ADD_ENTRY request per bookie of their write sets. An entry is confirmed once AQ bookies
+of its write set acknowledged it AND every earlier entry is confirmed; futures complete
+strictly in entry order. A bookie that fails (timeout, unreachable, EIO, read-only...)
+triggers an ensemble change: a replacement is chosen, a new fragment starting at LAC+1 is
+written to metadata by compare-and-set, and every pending entry is resent to the bookies of
+its new write set that have not acknowledged it. A CAS conflict that reveals IN_RECOVERY or
+CLOSED, or any EFENCED answer, fails the handle with LedgerFencedError: the ledger was
+fenced by a recovering reader. Entries already confirmed are on AQ bookies and are kept.
+
+Read path: the write set in order; after speculative_read_ms without an answer the next
+replica is asked too; every entry's digest is checked; a negative or corrupt answer moves to
+the next replica. Reads stop at the LAC (or the last entry of a closed ledger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from zbk import limits
+from zbk.client import metrics as cm
+from zbk.client.digest import Digest
+from zbk.errors import (
+    BookieUnavailableError,
+    DigestMismatchError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    UnknownLedgerStateError,
+    ZbkError,
+    error_for_status,
+)
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.wire import messages as w
+from zbk.wire.entry import build_entry, parse_entry
+from zbk.wire.ops import AddFlag, ReadFlag
+from zbk.wire.status import Status
+
+if TYPE_CHECKING:
+    from zbk.client.bookkeeper import ClientContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    ledger_length: int = 0  # payload bytes of entries 0..entry_id (from the entry header)
+
+
+class ReadHandle:
+    """Reads a ledger. Opened with recovery it is closed; without, it reads up to the LAC it
+    learns from the bookies and can tail the ledger until it closes."""
+
+    def __init__(self, ctx: ClientContext, md: LedgerMetadata, version: int, password: bytes) -> None:
+        self.ctx = ctx
+        self.md = md
+        self.version = version
+        self.ledger_id = md.ledger_id
+        self.password = password
+        self.digest: Digest = ctx.digest_for(md.digest, password)
+        self.master_key = ctx.master_key_for(password)
+        self.lac = md.last_entry_id if md.is_closed else -1
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def is_closed(self) -> bool:
+        return self.md.is_closed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self.lac
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self.md
+
+    async def refresh_metadata(self) -> LedgerMetadata:
+        self.md, self.version = await self.ctx.read_metadata(self.ledger_id)
+        if self.md.is_closed:
+            self.lac = self.md.last_entry_id
+        return self.md
+
+    # -- LAC --------------------------------------------------------------------------------
+    async def read_last_add_confirmed(self) -> int:
+        """The highest LAC any bookie of the last ensemble reports (the last entry if closed)."""
+        if self.md.is_closed:
+            return self.lac
+        ensemble = self.md.last_ensemble
+        results = await asyncio.gather(*(self._read_lac(b) for b in ensemble), return_exceptions=True)
+        lacs = [r for r in results if isinstance(r, int)]
+        if not lacs:
+            raise BookieUnavailableError(f"ledger {self.ledger_id}: no bookie of {list(ensemble)} answered READ_LAC")
+        self.lac = max(self.lac, *lacs)
+        return self.lac
+
+    async def _read_lac(self, bookie: str) -> int:
+        t = self.ctx.transport
+        resp = await t.request(bookie, w.ReadLacRequest(rid=t.next_rid(), ledger_id=self.ledger_id),
+                               self.ctx.read_timeout_s)
+        if resp.status == Status.EOK:
+            return int(resp.lac)
+        if resp.status in (Status.ENOLEDGER, Status.ENOENTRY):
+            return -1
+        raise error_for_status(resp.status, f"{bookie}: READ_LAC of ledger {self.ledger_id}")
+
+    # -- reads --------------------------------------------------------------------------------
+    async def read_entry(self, entry_id: int, *, flags: ReadFlag = ReadFlag(0)) -> LedgerEntry:
+        """One entry from its write set (speculative reads, digest checked)."""
+        ws = self._read_order(entry_id)
+        errors: dict[str, Status | str] = {}
+        spec = self.ctx.speculative_read_s
+        tasks: dict[asyncio.Task[Any], str] = {}
+        nxt = 0
+        def start() -> None:
+            nonlocal nxt
+            tasks[asyncio.ensure_future(self._read_one(ws[nxt], entry_id, 1, flags))] = ws[nxt]
+            nxt += 1
+
+        try:
+            while True:
+                if not tasks:
+                    if nxt >= len(ws):
+                        break
+                    start()
+                done, _ = await asyncio.wait(tasks, timeout=spec if nxt < len(ws) else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # speculative read: nobody answered in time, ask the next replica too
+                    start()
+                    continue
+                for task in done:
+                    b = tasks.pop(task)
+                    try:
+                        entries, status = task.result()
+                    except UnauthorizedError:
+                        raise
+                    except ZbkError as e:
+                        errors[b] = type(e).__name__
+                        continue
+                    if entries:
+                        return entries[0]
+                    errors[b] = status
+        finally:
+            for task in tasks:
+                task.cancel()
+        raise _read_error(self.ledger_id, entry_id, errors)
+
+    def _read_order(self, entry_id: int) -> list[str]:
+        """The write set in order, bookies that recently failed to answer last."""
+        ws = self.md.write_set(entry_id)
+        suspect = self.ctx.transport.suspect
+        return sorted(ws, key=suspect)  # stable: keeps write-set order within each group
+
+    async def _read_one(self, bookie: str, first: int, count: int,
+                        flags: ReadFlag = ReadFlag(0)) -> tuple[list[LedgerEntry], Status]:
+        """Entries [first, first+count) that ``bookie`` holds contiguously, digest-checked, and
+        the status of the first one it did not return."""
+        t = self.ctx.transport
+        key = self.master_key if flags & ReadFlag.FENCE else None
+        resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=first,
+                                                     count=count, flags=flags, master_key=key), self.ctx.read_timeout_s)
+        if resp.status == Status.EUA:
+            raise UnauthorizedError(f"{bookie}: wrong password for ledger {self.ledger_id}")
+        out = []
+        for i, blob in enumerate(resp.entries):
+            try:
+                e = parse_entry(blob, self.digest, ledger_id=self.ledger_id, entry_id=first + i)
+            except DigestMismatchError as err:
+                log.warning("ledger %d entry %d from %s: %s", self.ledger_id, first + i, bookie, err)
+                return out, Status.EIO
+            out.append(LedgerEntry(self.ledger_id, first + i, bytes(e.payload), e.ledger_length))
+        return out, resp.status
+
+    def _readable_end(self) -> int:
+        return self.md.last_entry_id if self.md.is_closed else self.lac
+
+    async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries ``first..last`` inclusive, in order. Beyond the LAC (or the last entry of
+        a closed ledger) is NoSuchEntryError: unconfirmed entries are never returned."""
+        if first < 0 or last < first:
+            raise NoSuchEntryError(f"ledger {self.ledger_id}: bad range {first}..{last}")
+        end = self._readable_end()
+        if last > end and not self.md.is_closed:
+            end = await self.read_last_add_confirmed()
+        if last > end:
+            raise NoSuchEntryError(f"ledger {self.ledger_id}: entry {last} is beyond the last confirmed {end}")
+        async for e in self._read_range(first, last):
+            yield e
+
+    async def _read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        md = self.md
+        if md.write_quorum == md.ensemble_size:
+            # Every bookie of a fragment holds every entry: ranged reads, one bookie at a time.
+            nxt = first
+            while nxt <= last:
+                frag_i = _fragment_index(md, nxt)
+                frag_end = min(last, md.fragment_end(frag_i))
+                batch: list[LedgerEntry] = []
+                for b in self._read_order(nxt):
+                    try:
+                        batch, _ = await self._read_one(b, nxt, min(frag_end - nxt + 1,
+                                                                   limits.entries_per_read_request_max))
+                    except BookieUnavailableError:
+                        continue
+                    if batch:
+                        break
+                if not batch:
+                    batch = [await self.read_entry(nxt)]  # per-entry path: errors and speculation
+                for e in batch:
+                    yield e
+                nxt += len(batch)
+            return
+        # Otherwise entries are spread over the ensemble: pipelined single-entry reads.
+        window = 64
+        pending: deque[asyncio.Task[LedgerEntry]] = deque()
+        nxt = first
+        try:
+            while nxt <= last or pending:
+                while nxt <= last and len(pending) < window:
+                    pending.append(asyncio.ensure_future(self.read_entry(nxt)))
+                    nxt += 1
+                yield await pending.popleft()
+        finally:
+            for t in pending:
+                t.cancel()
+
+    async def tail(self, start: int = 0, *, poll_timeout_ms: int = 1000) -> AsyncIterator[LedgerEntry]:
+        """Follow the ledger: yield every entry from ``start`` as it becomes confirmed, and
+        stop after the last entry once the ledger is closed."""
+        nxt = start
+        bookie_i = 0
+        last_md_check = 0.0
+        while True:
+            end = self._readable_end()
+            if nxt <= end:
+                async for e in self._read_range(nxt, end):
+                    yield e
+                nxt = end + 1
+                continue
+            if self.md.is_closed:
+                return
+            now = time.monotonic()
+            if now - last_md_check > 1.0:  # notice a close (or ensemble change) by the writer
+                last_md_check = now
+                await self.refresh_metadata()
+                if self.md.is_closed:
+                    continue
+            ensemble = self.md.last_ensemble
+            b = ensemble[bookie_i % len(ensemble)]
+            t = self.ctx.transport
+            try:
+                resp = await t.request(b, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=0,
+                                                        count=1, flags=ReadFlag.LONG_POLL, previous_lac=self.lac,
+                                                        timeout_ms=poll_timeout_ms),
+                                       poll_timeout_ms / 1000 + self.ctx.read_timeout_s)
+            except BookieUnavailableError:
+                bookie_i += 1
+                await asyncio.sleep(0.05)
+                continue
+            if resp.status == Status.EOK and resp.lac > self.lac:
+                self.lac = resp.lac
+            elif resp.status != Status.EOK:
+                bookie_i += 1
+                await asyncio.sleep(0.05)
+
+
+def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:
+    idx = 0
+    for i, (first, _) in enumerate(md.fragments):
+        if first <= entry_id:
+            idx = i
+    return idx
+
+
+def _read_error(ledger_id: int, entry_id: int, errors: dict[str, Status | str]) -> ZbkError:
+    what = ", ".join(f"{b}: {s.name if isinstance(s, Status) else s}" for b, s in errors.items())
+    if errors and all(isinstance(s, Status) and s.is_explicit_negative for s in errors.values()):
+        return NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}: no replica has it ({what})")
+    if any(s == Status.EUNKNOWN for s in errors.values()):
+        return UnknownLedgerStateError(f"ledger {ledger_id} entry {entry_id}: ({what})")
+    return BookieUnavailableError(f"ledger {ledger_id} entry {entry_id}: no replica answered with it ({what})")
+
+
+@dataclass(eq=False, slots=True)
+class _Add:
+    entry_id: int
+    blob: bytes
+    size: int
+    future: asyncio.Future[int]
+    started: float
+    acked: set[str] = field(default_factory=set)
+    sent: set[str] = field(default_factory=set)  # bookies it is in flight to, or acked by
+
+
+class LedgerHandle(ReadHandle):
+    """The single writer of a ledger (also readable up to its own LAC)."""
+
+    def __init__(self, ctx: ClientContext, md: LedgerMetadata, version: int, password: bytes, *,
+                 recovery: bool = False) -> None:
+        super().__init__(ctx, md, version, password)
+        self.recovery = recovery  # recovery adds (used by ledger recovery and re-replication)
+        self.next_entry_id = 0 if md.last_entry_id < 0 or md.is_closed else md.last_entry_id + 1
+        self.length = 0  # confirmed bytes
+        self.pushed_length = 0
+        self.pending: deque[_Add] = deque()
+        self.failed: ZbkError | None = None
+        self.closing = False
+        self._flush_scheduled = False
+        self._changing = False
+        self._to_replace: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    # -- appending ----------------------------------------------------------------------------
+    def append(self, payload: bytes) -> asyncio.Future[int]:
+        """Queue ``payload``; the future completes with its entry id once confirmed (in order)."""
+        if self.failed is not None:
+            raise self.failed
+        if self.closing or self.md.is_closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+        if len(self.pending) >= self.ctx.config.pending_adds_max:
+            raise ZbkError(f"ledger {self.ledger_id}: more than {self.ctx.config.pending_adds_max} adds pending")
+        if self.next_entry_id > limits.entry_id_max:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is full ({limits.entry_id_max + 1} entries)")
+        size = len(payload)
+        self.pushed_length += size
+        eid = self.next_entry_id
+        self.next_entry_id += 1
+        blob = build_entry(self.ledger_id, eid, self.lac, payload, self.digest, ledger_length=self.pushed_length)
+        return self._push(eid, blob, size)
+
+    def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.pending.append(_Add(eid, blob, size, fut, time.monotonic()))
+        self._drained.clear()
+        self._schedule_flush()
+        return fut
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send every pending entry to the bookies of its write set it has not reached yet:
+        one request per bookie (split by the request limits)."""
+        self._flush_scheduled = False
+        if self._changing or self.failed is not None:
+            return
+        by_bookie: dict[str, list[_Add]] = {}
+        for a in self.pending:
+            for b in self.md.write_set(a.entry_id):
+                if b not in a.sent:
+                    a.sent.add(b)
+                    by_bookie.setdefault(b, []).append(a)
+        for b, adds in by_bookie.items():
+            for chunk in _chunks(adds, limits.entries_per_add_request_max, limits.frame_bytes_max_default // 2):
+                self._spawn(self._send(b, chunk))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, bookie: str, adds: list[_Add]) -> None:
+        t = self.ctx.transport
+        flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
+        req = w.AddRequest(rid=t.next_rid(), ledger_id=self.ledger_id, master_key=self.master_key, flags=flags,
+                           entries=[a.blob for a in adds])
+        try:
+            resp = await t.request(bookie, req, self.ctx.add_timeout_s)
+        except BookieUnavailableError as e:
+            self._bookie_failed(bookie, adds, str(e))
+            return
+        if resp.status == Status.EOK:
+            for a in adds:
+                if bookie in a.sent:  # not re-routed away from this bookie meanwhile
+                    a.acked.add(bookie)
+            self._advance()
+        elif resp.status == Status.EFENCED:
+            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced (by {bookie}): another client is recovering it"))
+        elif resp.status == Status.EUA:
+            self._fail(UnauthorizedError(f"ledger {self.ledger_id}: {bookie} refused the master key"))
+        else:
+            self._bookie_failed(bookie, adds, resp.status.name)
+
+    def _advance(self) -> None:
+        aq = self.md.ack_quorum
+        now = time.monotonic()
+        while self.pending and len(self.pending[0].acked) >= aq:
+            a = self.pending.popleft()
+            self.lac = a.entry_id
+            self.length += a.size
+            cm.ADD_ENTRY_SECONDS.observe(now - a.started)
+            if not a.future.done():
+                a.future.set_result(a.entry_id)
+        if not self.pending:
+            self._drained.set()
+
+    def _bookie_failed(self, bookie: str, adds: list[_Add], why: str) -> None:
+        if self.failed is not None or bookie not in self.md.last_ensemble:
+            return  # a late answer from a bookie already replaced
+        for a in adds:
+            a.sent.discard(bookie)
+        log.warning("ledger %d: bookie %s failed (%s): ensemble change", self.ledger_id, bookie, why)
+        self._to_replace.add(bookie)
+        if not self._changing:
+            self._changing = True
+            self._spawn(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            attempts = 0
+            while self._to_replace & set(self.md.last_ensemble) and self.failed is None:
+                attempts += 1
+                if attempts > self.ctx.config.ensemble_change_attempts_max:
+                    raise NotEnoughBookiesError(f"ledger {self.ledger_id}: ensemble change failed {attempts - 1} times")
+                await self._change_once()
+        except ZbkError as e:
+            self._fail(e)
+            return
+        finally:
+            self._changing = False
+        if self.failed is None:
+            self._schedule_flush()
+
+    async def _change_once(self) -> None:
+        bookies = await self.ctx.writable_bookies()
+        ensemble = list(self.md.last_ensemble)
+        replaced = []
+        for i, b in enumerate(ensemble):
+            if b in self._to_replace:
+                ensemble[i] = self.ctx.placement.choose_replacement(bookies, ensemble, i, exclude=self._to_replace)
+                replaced.append(b)
+        first = self.lac + 1
+        new_md = self.md.with_fragment(first, ensemble)
+        try:
+            self.version = await self.ctx.write_metadata(new_md, self.version)
+        except MetadataVersionError:
+            current, version = await self.ctx.read_metadata(self.ledger_id)
+            if current.state != "OPEN" and not (self.recovery and current.state == "IN_RECOVERY"):
+                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state}: fenced by a recovering reader") from None
+            self.md, self.version = current, version
+            return  # retry on the fresh metadata
+        self.md = new_md
+        self._to_replace -= set(replaced)
+        cm.ENSEMBLE_CHANGES.inc()
+        log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, first, replaced,
+                 [b for b in ensemble if b not in self.md.fragments[0][1]] or ensemble)
+        # Acks and sends count only for bookies of each entry's new write set.
+        for a in self.pending:
+            ws = set(self.md.write_set(a.entry_id))
+            a.acked &= ws
+            a.sent &= ws
+
+    def _fail(self, err: ZbkError) -> None:
+        if self.failed is None:
+            self.failed = err
+        for a in self.pending:
+            if not a.future.done():
+                a.future.set_exception(err)
+        self.pending.clear()
+        self._drained.set()
+
+    # -- closing ------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Wait for pending adds, then close the ledger at its LAC by CAS; send the advisory
+        WRITE_CLOSE (BP-32) to the ensemble without waiting."""
+        if self.md.is_closed:
+            return
+        self.closing = True
+        await self._drained.wait()
+        if self.failed is not None and not isinstance(self.failed, LedgerFencedError):
+            raise self.failed
+        md, version = self.md, self.version
+        while True:
+            if md.is_closed:
+                break
+            if md.state == "IN_RECOVERY" and not self.recovery:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+            if self.failed is not None:
+                raise self.failed
+            closed = md.closed(self.lac, self.length)
+            try:
+                version = await self.ctx.write_metadata(closed, version)
+                md = closed
+                break
+            except MetadataVersionError:
+                md, version = await self.ctx.read_metadata(self.ledger_id)
+        self.md, self.version = md, version
+        self.lac = md.last_entry_id
+        self.ctx.send_write_close(self.md, self.master_key)
+
+    async def wait_tasks(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _chunks(adds: list[_Add], n_max: int, bytes_max: int) -> list[list[_Add]]:
+    out: list[list[_Add]] = [[]]
+    size = 0
+    for a in adds:
+        if out[-1] and (len(out[-1]) >= n_max or size + len(a.blob) > bytes_max):
+            out.append([])
+            size = 0
+        out[-1].append(a)
+        size += len(a.blob)
+    return out

@@ -1,0 +1,166 @@
+"""BookKeeper: the synchronous facade over AsyncBookKeeper (API.md).
+
+The asyncio core runs on one background thread; each call is submitted to it. append_async
+returns a concurrent.futures.Future; calls from one thread are submitted in order, so
+entry ids follow call order and futures complete in entry order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from zbk.client.bookkeeper import AsyncBookKeeper
+from zbk.client.handles import LedgerEntry, LedgerHandle, ReadHandle
+from zbk.config import ClientConfig
+from zbk.metadata.ledger import LedgerMetadata
+
+T = TypeVar("T")
+READ_CHUNK = 1000
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="zbk-client", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class SyncReadHandle:
+    def __init__(self, lt: _LoopThread, handle: ReadHandle) -> None:
+        self._lt = lt
+        self._h = handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self._h.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._h.last_add_confirmed
+
+    @property
+    def is_closed(self) -> bool:
+        return self._h.is_closed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._h.metadata
+
+    def read_last_add_confirmed(self) -> int:
+        return self._lt.run(self._h.read_last_add_confirmed())
+
+    def read(self, first: int, last: int) -> Iterator[LedgerEntry]:
+        """Entries first..last inclusive, fetched in chunks."""
+        nxt = first
+        while nxt <= last:
+            end = min(last, nxt + READ_CHUNK - 1)
+            chunk = self._lt.run(_collect(self._h.read(nxt, end)))
+            yield from chunk
+            nxt = end + 1
+
+    def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
+        agen = self._h.tail(start)
+        try:
+            while True:
+                try:
+                    yield self._lt.run(_anext(agen))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._lt.run(agen.aclose())
+
+
+class SyncLedgerHandle(SyncReadHandle):
+    _h: LedgerHandle
+
+    def append(self, payload: bytes) -> int:
+        return self.append_async(payload).result()
+
+    def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
+        return self._lt.submit(_await_append(self._h, payload))
+
+    def close(self) -> None:
+        self._lt.run(self._h.close())
+
+    def __enter__(self) -> SyncLedgerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BookKeeper:
+    """The synchronous client: ``with zbk.BookKeeper(uri) as bk: ...``."""
+
+    def __init__(self, metadata_uri: str, *, config: ClientConfig | None = None, **kw: Any) -> None:
+        self._lt = _LoopThread()
+        self._abk = AsyncBookKeeper(metadata_uri, config=config, **kw)
+        try:
+            self._lt.run(self._abk.start())
+        except BaseException:
+            self._lt.stop()
+            raise
+
+    @property
+    def async_client(self) -> AsyncBookKeeper:
+        return self._abk
+
+    def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
+                      password: bytes = b"", digest: str = "crc32c",
+                      custom_metadata: dict[str, bytes] | None = None) -> SyncLedgerHandle:
+        h = self._lt.run(self._abk.create_ledger(ensemble, write_quorum, ack_quorum, password=password, digest=digest,
+                                                 custom_metadata=custom_metadata))
+        return SyncLedgerHandle(self._lt, h)
+
+    def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> SyncReadHandle:
+        return SyncReadHandle(self._lt, self._lt.run(self._abk.open_ledger(ledger_id, password=password,
+                                                                           recovery=recovery)))
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._lt.run(self._abk.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> Iterator[int]:
+        return iter(self._lt.run(self._abk.list_ledgers()))
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._lt.run(self._abk.ledger_metadata(ledger_id))
+
+    def close(self) -> None:
+        try:
+            self._lt.run(self._abk.close())
+        finally:
+            self._lt.stop()
+
+    def __enter__(self) -> BookKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _collect(agen: AsyncIterator[LedgerEntry]) -> list[LedgerEntry]:
+    return [e async for e in agen]
+
+
+async def _anext(agen: AsyncIterator[LedgerEntry]) -> LedgerEntry:
+    return await agen.__anext__()
+
+
+async def _await_append(h: LedgerHandle, payload: bytes) -> int:
+    return await h.append(payload)

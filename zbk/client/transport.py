@@ -1,0 +1,136 @@
+"""How the client reaches bookies: one request in, one response (or a typed error) out.
+
+:class:`Transport` is the seam between the client's protocol logic and the network. The
+real one (:class:`ZmqTransport`) keeps one zmq.asyncio DEALER per bookie, pipelines
+requests with ids, and routes responses to futures; the simulation harness
+(tests/client/sim.py) implements the same protocol with in-memory bookies that drop,
+delay, pause or answer negative/unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from zbk import limits
+from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.wire.codec import decode_response, encode
+from zbk.wire.errors import FrameError
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    def next_rid(self) -> int: ...
+
+    def suspect(self, bookie: str, within_s: float = 5.0) -> bool: ...
+
+    async def request(self, bookie: str, msg: Any, timeout_s: float) -> Any:
+        """Send ``msg`` (its rid from next_rid) and return the response. Raises
+        BookieUnavailableError when the bookie does not answer within ``timeout_s``."""
+
+    async def close(self) -> None: ...
+
+
+class _Peer:
+    def __init__(self, ctx: zmq.asyncio.Context, bookie: str) -> None:
+        self.bookie = bookie
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
+        self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a bookie we are not connected to
+        self.sock.connect(f"tcp://{bookie}")
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.reader: asyncio.Task[None] | None = None
+        self.answered = False  # has this bookie ever answered? (then EAGAIN means it is gone)
+
+
+class ZmqTransport:
+    def __init__(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.peers: dict[str, _Peer] = {}
+        self._rids = itertools.count(1)
+        self.closed = False
+        self.failed_at: dict[str, float] = {}  # bookie -> when it last failed to answer
+
+    def suspect(self, bookie: str, within_s: float = 5.0) -> bool:
+        """Did ``bookie`` fail to answer in the last ``within_s`` seconds? Readers ask such
+        bookies last."""
+        t = self.failed_at.get(bookie)
+        return t is not None and time.monotonic() - t < within_s
+
+    def next_rid(self) -> int:
+        return next(self._rids)
+
+    def _peer(self, bookie: str) -> _Peer:
+        p = self.peers.get(bookie)
+        if p is None:
+            p = self.peers[bookie] = _Peer(self.ctx, bookie)
+            p.reader = asyncio.get_running_loop().create_task(self._read(p))
+        return p
+
+    async def _read(self, p: _Peer) -> None:
+        while True:
+            try:
+                frames = await p.sock.recv_multipart(copy=False)
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            try:
+                resp = decode_response([f.buffer for f in frames])
+            except FrameError as e:
+                # A response we cannot read: fail the request it names, if any; the caller
+                # then treats this bookie as unknown for that request.
+                log.warning("undecodable response from %s: %s", p.bookie, e)
+                if e.rid is not None and (fut := p.waiting.pop(e.rid, None)) and not fut.done():
+                    fut.set_exception(BookieUnavailableError(f"{p.bookie}: bad response ({e})"))
+                continue
+            p.answered = True
+            fut = p.waiting.pop(resp.rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(resp)
+
+    async def request(self, bookie: str, msg: Any, timeout_s: float) -> Any:
+        if self.closed:
+            raise BookieUnavailableError("client is closed")
+        p = self._peer(bookie)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        p.waiting[msg.rid] = fut
+        try:
+            frames = encode(msg)
+            try:
+                await p.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                # IMMEDIATE: no connection yet (new peer) or any more (dead bookie). Give a
+                # connection a moment (a new one, or a restarted bookie's), then fail instead
+                # of queueing for a corpse.
+                wait_s = min(timeout_s, 0.1 if p.answered else 1.0)
+                if not await p.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
+                    self.failed_at[bookie] = time.monotonic()
+                    raise BookieUnavailableError(f"bookie {bookie} is not connected") from None
+                await p.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return await asyncio.wait_for(fut, timeout_s)
+        except (TimeoutError, ZbkTimeoutError):
+            self.failed_at[bookie] = time.monotonic()
+            raise BookieUnavailableError(f"bookie {bookie} did not answer within {timeout_s:.1f}s") from None
+        finally:
+            p.waiting.pop(msg.rid, None)
+
+    async def close(self) -> None:
+        self.closed = True
+        for p in self.peers.values():
+            if p.reader:
+                p.reader.cancel()
+            for fut in p.waiting.values():
+                if not fut.done():
+                    fut.set_exception(BookieUnavailableError("client closed"))
+                    fut.exception()  # mark retrieved: its caller may be gone already at shutdown
+            p.sock.close(0)
+        self.peers.clear()
+        self.ctx.term()
