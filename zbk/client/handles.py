@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from zbk.client.bookkeeper import ClientContext
 
 log = logging.getLogger(__name__)
+NO_FLAGS = ReadFlag(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class ReadHandle:
         raise error_for_status(resp.status, f"{bookie}: READ_LAC of ledger {self.ledger_id}")
 
     # -- reads --------------------------------------------------------------------------------
-    async def read_entry(self, entry_id: int, *, flags: ReadFlag = ReadFlag(0)) -> LedgerEntry:
+    async def read_entry(self, entry_id: int, *, flags: ReadFlag = NO_FLAGS) -> LedgerEntry:
         """One entry from its write set (speculative reads, digest checked)."""
         ws = self._read_order(entry_id)
         errors: dict[str, Status | str] = {}
@@ -166,7 +167,7 @@ class ReadHandle:
         return sorted(ws, key=suspect)  # stable: keeps write-set order within each group
 
     async def _read_one(self, bookie: str, first: int, count: int,
-                        flags: ReadFlag = ReadFlag(0)) -> tuple[list[LedgerEntry], Status]:
+                        flags: ReadFlag = NO_FLAGS) -> tuple[list[LedgerEntry], Status]:
         """Entries [first, first+count) that ``bookie`` holds contiguously, digest-checked, and
         the status of the first one it did not return."""
         t = self.ctx.transport
