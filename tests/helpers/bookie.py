@@ -26,7 +26,10 @@ class BookieProcess:
         self.metadata_uri = metadata_uri
         self.port = port or free_port()
         self.http_port = free_port()
-        self.settings = {"registration_ttl_s": 2, "disk_check_interval_ms": 1000, **(settings or {})}
+        # GC is slowed down by default: raw-protocol tests write ledgers that have no metadata,
+        # which a GC run would rightly delete. GC tests set gc_wait_time_ms themselves.
+        self.settings = {"registration_ttl_s": 2, "disk_check_interval_ms": 1000, "gc_wait_time_ms": 3_600_000,
+                         **(settings or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -85,3 +88,14 @@ class BookieProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.log, lines)
+
+
+def pause(b: BookieProcess) -> None:
+    """SIGSTOP: the bookie hangs (its sockets stay open, nothing answers)."""
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)
+
+
+def resume(b: BookieProcess) -> None:
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGCONT)

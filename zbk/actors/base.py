@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import zmq
 
-from zbk import limits
 from zbk.clock import Clock
 
 log = logging.getLogger(__name__)

@@ -31,22 +31,23 @@ from typing import Any
 
 import zmq
 
-from zbk.actors.base import ActorLoop
+from zbk.actors.base import ActorLoop, pipe_address
 from zbk.actors.entrylogger import EntryLoggerCore
+from zbk.actors.gc import GcCore, GcSettings, GcStateFile
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
+from zbk.actors.messages import GcTrigger
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
 from zbk.errors import CookieMismatchError, KeyExistsError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
+from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, LedgerStore, register_bookie
 from zbk.metadata.store import MetadataStore, iter_prefix
-from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.uri import open_store
-from zbk.metrics import bookie as m
 from zbk.metrics.http import AdminHttpServer
 from zbk.storage import cookie as cookies
 from zbk.storage import markers
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 EXIT_COOKIE = 4
 EXIT_BOOT = 5
 ACTOR_EXIT_BASE = 10
-ACTORS = ("server", "journal", "entrylogger", "index")
+ACTORS = ("server", "journal", "entrylogger", "index", "gc")
 
 
 @dataclass
@@ -260,10 +261,14 @@ class Bookie:
         # senders: who sends to this actor (one PULL each); peers: to whom it sends.
         self.loops = [
             JournalLoop(core=journal, senders=["server", "entrylogger", "index"], peers=["server", "entrylogger"], **common),
-            ActorLoop(core=entrylogger, senders=["server", "index", "journal"], peers=["server", "journal"], **common),
-            ActorLoop(core=index, senders=["server", "entrylogger"], peers=["entrylogger", "journal", "server"], **common),
+            ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"],
+                      peers=["server", "journal", "gc"], **common),
+            ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
+                      peers=["entrylogger", "journal", "server", "gc"], **common),
+            ActorLoop(core=self._make_gc(), senders=["entrylogger", "index", "admin"],
+                      peers=["server", "entrylogger", "index"], **common),
         ]
-        self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin"],
+        self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin", "gc"],
                                       peers=["entrylogger", "journal", "index"],
                                       endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
                                       max_frame_bytes=cfg.max_frame_bytes,
@@ -281,6 +286,8 @@ class Bookie:
         self.admin = self.ctx.socket(zmq.PUSH)
         self.admin.connect(f"inproc://zbk-{instance}-admin-to-server")
         self.admin_lock = threading.Lock()  # HTTP handlers run on many threads; a socket is not thread-safe
+        self.admin_gc = self.ctx.socket(zmq.PUSH)  # POST /api/v1/bookie/gc -> GarbageCollector
+        self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
         self._register(read_only=self.server.read_only)
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
@@ -345,6 +352,7 @@ class Bookie:
         self.http.route("GET", "/api/v1/bookie/info", lambda _b: self.info())
         self.http.route("GET", "/api/v1/bookie/state", lambda _b: {"state": self.state()})
         self.http.route("PUT", "/api/v1/bookie/state", self._put_state)
+        self.http.route("POST", "/api/v1/bookie/gc", self._post_gc)
         self.http.start()
 
     def state(self) -> str:
@@ -367,6 +375,35 @@ class Bookie:
         with self.admin_lock:
             self.admin.send_pyobj(("admin", "read_only", want == "readonly"))
         return {"state": want}
+
+    def _make_gc(self) -> GcCore:
+        """The GarbageCollector. Its metadata listing blocks only its own thread; compaction
+        (which writes copies before it frees anything) waits while the ledger disks are full."""
+        cfg = self.cfg
+        ledgers = LedgerStore(self.store)
+        probe = disk_probe_for(list(cfg.ledger_dirs))
+
+        def compaction_allowed() -> bool:
+            used, total = probe()
+            return not total or used / total < cfg.disk_usage_threshold
+
+        # Logs below the first one this process writes may hold copies of a compaction that a
+        # crash cut short (zbk/actors/gc.py, "suspects").
+        return GcCore(GcSettings.from_config(cfg), list_ledger_ids=lambda: set(ledgers.list_ids()),
+                      ledger_exists=ledgers.exists, state=GcStateFile(cfg.ledger_dirs[0]),
+                      suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed)
+
+    def _post_gc(self, body: dict[str, Any] | None) -> dict[str, Any]:
+        """POST /api/v1/bookie/gc, body optional {"major": bool, "minor": bool}: start a GC
+        run now (asynchronous; forced compactions regardless of their intervals)."""
+        from zbk.metrics.http import HttpError
+
+        flags = {k: (body or {}).get(k, False) for k in ("major", "minor")}
+        if not all(isinstance(v, bool) for v in flags.values()):
+            raise HttpError(400, 'body must be {"major": bool, "minor": bool}')
+        with self.admin_lock:
+            self.admin_gc.send_pyobj(GcTrigger(**flags))
+        return {"triggered": True, **flags}
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
         if self.crashed is None:

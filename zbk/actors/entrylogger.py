@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from zbk.actors.base import Outbox
@@ -13,21 +15,44 @@ from zbk.actors.messages import (
     AppendBatch,
     Appended,
     CheckpointReady,
+    CompactChunk,
+    CompactLog,
+    DeleteLogs,
     JournalAppend,
+    LiveCheck,
+    LiveResult,
+    LogsDeleted,
+    LogStats,
+    LogStatsRequest,
     Mark,
     MarkRequest,
     ReadLocations,
     ReadResult,
+    Relocate,
     StartCheckpoint,
     UsageReport,
     UsageRequest,
     WriteClose,
 )
-from zbk.errors import CorruptDataError
+from zbk.errors import CorruptDataError, ZbkError
 from zbk.metrics import bookie as m
-from zbk.storage.entrylog import EntryLogWriter
+from zbk.storage.entrylog import RECORD_HEADER_BYTES, EntryLogWriter
 
 log = logging.getLogger(__name__)
+
+Record = tuple[int, int, int, bytes]  # ledger id, entry id, location, blob
+
+
+@dataclass(eq=False)
+class _Compaction:
+    """The EntryLogger's side of one GC compaction job (zbk/actors/gc.py)."""
+
+    job: int
+    log_id: int
+    records: Iterator[Record]  # EntryLogWriter.scan of the log, advanced chunk by chunk
+    pending: list[Record] = field(default_factory=list)  # the chunk waiting for its LiveResult
+    scanned: int = 0  # record bytes of the pending chunk
+    done: bool = False  # the scan reached the end of the log
 
 
 class EntryLoggerCore:
@@ -37,6 +62,7 @@ class EntryLoggerCore:
         self.logs = logs
         self.tick_interval_s: float | None = tick_interval_s
         self.outbox: Outbox | None = None
+        self.compaction: _Compaction | None = None  # GC: at most one job at a time
 
     def on_message(self, msg: Any, now: float) -> None:
         assert self.outbox is not None
@@ -55,6 +81,8 @@ class EntryLoggerCore:
             self.logs.write_close(msg.ledger_id)
         elif isinstance(msg, UsageRequest):
             self.outbox.send("gc", UsageReport(msg.ctx, self.logs.usage()))
+        elif isinstance(msg, (LogStatsRequest, DeleteLogs, CompactLog, CompactChunk, LiveResult)):
+            self._on_gc(msg)
         else:
             raise AssertionError(f"entrylogger: unexpected message {msg!r}")
 
@@ -98,3 +126,115 @@ class EntryLoggerCore:
 
     def on_tick(self, now: float) -> None:
         self.logs.maintain(now)
+
+    # -- garbage collection (zbk/actors/gc.py has the protocol and why it is safe) ------------
+    def _on_gc(self, msg: Any) -> None:
+        assert self.outbox is not None
+        if isinstance(msg, LogStatsRequest):
+            logs = self.logs
+            self.outbox.send("gc", LogStats(msg.ctx, logs.usage(), sorted(logs.unflushed_log_ids()),
+                                            logs.least_unflushed_log_id()))
+        elif isinstance(msg, DeleteLogs):
+            self._delete_logs(msg)
+        elif isinstance(msg, CompactLog):
+            self._compact_start(msg)
+        elif isinstance(msg, CompactChunk):
+            self._compact_scan(msg)
+        else:
+            self._compact_copy(msg)
+
+    def _delete_logs(self, msg: DeleteLogs) -> None:
+        assert self.outbox is not None
+        busy = self.logs.unflushed_log_ids()
+        if self.compaction is not None:
+            busy.add(self.compaction.log_id)
+        deleted: list[int] = []
+        for log_id in msg.log_ids:
+            if log_id in busy:  # the GC never asks for these; refuse rather than trust it
+                log.warning("entrylogger: not deleting entry log %d: still open or being compacted", log_id)
+                continue
+            try:
+                if self.logs.delete_log(log_id):
+                    deleted.append(log_id)
+            except OSError as e:
+                log.error("entrylogger: deleting entry log %d failed: %s", log_id, e)
+        self.outbox.send("gc", LogsDeleted(msg.ctx, deleted))
+
+    def _compact_start(self, msg: CompactLog) -> None:
+        assert self.compaction is None, "the GC runs one compaction at a time"
+        if msg.log_id in self.logs.unflushed_log_ids() or msg.log_id not in self.logs.log_ids():
+            self._compact_end(msg.job, 0, f"entry log {msg.log_id} is not a sealed log")
+            return
+        self.compaction = _Compaction(msg.job, msg.log_id, self.logs.scan(msg.log_id))
+
+    def _compact_scan(self, msg: CompactChunk) -> None:
+        """Read about ``budget_bytes`` of records, then ask the index which are still live."""
+        assert self.outbox is not None
+        c = self._running(msg.job)
+        if c is None:
+            return
+        try:
+            while c.scanned < msg.budget_bytes:
+                rec = next(c.records, None)
+                if rec is None:
+                    c.done = True
+                    break
+                c.pending.append(rec)
+                c.scanned += RECORD_HEADER_BYTES + len(rec[3])
+        except (CorruptDataError, OSError) as e:
+            self._compact_end(c.job, c.scanned, f"scanning entry log {c.log_id} failed: {e}")
+            return
+        if not c.pending:
+            self._compact_end(c.job, 0, "")
+            return
+        # Through the Server: it follows every IndexPut of these entries (zbk/actors/gc.py).
+        self.outbox.send("server", LiveCheck(c.job, [(lid, eid, loc) for lid, eid, loc, _ in c.pending]))
+
+    def _compact_copy(self, msg: LiveResult) -> None:
+        """Append the live entries of the chunk, make them durable, send their relocations."""
+        assert self.outbox is not None
+        c = self._running(msg.job)
+        if c is None:
+            return
+        if msg.error:
+            self._compact_end(c.job, c.scanned, f"index check failed: {msg.error}")
+            return
+        moves: list[tuple[int, int, int, int, int]] = []
+        try:
+            for (lid, eid, loc, blob), live in zip(c.pending, msg.live, strict=True):
+                if live:
+                    moves.append((lid, eid, loc, self.logs.append(lid, eid, blob), RECORD_HEADER_BYTES + len(blob)))
+            if moves:
+                # fsync before the index may point at the copies: a checkpoint in flight may
+                # have flushed the logs before these appends, and then flushes the index.
+                self.logs.flush()
+        except (OSError, ZbkError) as e:
+            # Nothing was relocated to these copies: unreferenced garbage, never a lost entry.
+            self._compact_end(c.job, c.scanned, f"copying from entry log {c.log_id} failed: {e}")
+            return
+        scanned, last = c.scanned, c.done
+        c.pending, c.scanned = [], 0
+        if last:
+            self._close_compaction()
+        self.outbox.send("server", Relocate(c.job, moves, scanned, sum(mv[4] for mv in moves), last))
+
+    def _running(self, job: int) -> _Compaction | None:
+        """The job's state, or None when it already ended (the GC sends the first chunk with
+        CompactLog, before it can know that the job was refused)."""
+        c = self.compaction
+        if c is None or c.job != job:
+            log.debug("entrylogger: ignoring a message for compaction job %d, which is not running", job)
+            return None
+        return c
+
+    def _compact_end(self, job: int, scanned: int, error: str) -> None:
+        """Finish the job with an empty last Relocate (the index still runs the checkpoint
+        that makes earlier chunks durable); ``error`` tells the GC to keep the log."""
+        assert self.outbox is not None
+        self._close_compaction()
+        self.outbox.send("server", Relocate(job, [], scanned, 0, True, error))
+
+    def _close_compaction(self) -> None:
+        c, self.compaction = self.compaction, None
+        if c is not None and isinstance(c.records, Generator):
+            c.records.close()  # closes the scan's file and mmap now, not at garbage collection

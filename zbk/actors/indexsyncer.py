@@ -17,17 +17,27 @@ from zbk.actors.base import Outbox
 from zbk.actors.messages import (
     Checkpoint,
     CheckpointDone,
+    CompactionDurable,
     DeleteLedgers,
+    DeleteLogs,
     EntryList,
     HeaderUpdate,
     IndexPut,
     ListEntries,
+    LiveCheck,
+    LiveResult,
+    LocalLedgers,
+    LocalLedgersRequest,
     Lookup,
     ReadLocations,
+    Relocate,
+    Relocated,
     StartCheckpoint,
     TrimJournal,
 )
+from zbk.errors import CorruptDataError
 from zbk.metrics import bookie as m
+from zbk.storage.entrylog import OFFSET_BITS
 from zbk.storage.ledgercache import LedgerCache
 
 log = logging.getLogger(__name__)
@@ -46,6 +56,7 @@ class IndexCore:
         self.cp_seq = 0
         self.cp_in_flight: int | None = None
         self.last_cp_at: float | None = None
+        self.gc_waiting: list[int] = []  # compaction jobs waiting for an index flush
 
     def on_message(self, msg: Any, now: float) -> None:
         assert self.outbox is not None
@@ -69,6 +80,8 @@ class IndexCore:
         elif isinstance(msg, DeleteLedgers):
             for lid in msg.ledger_ids:
                 cache.delete_ledger(lid)
+        elif isinstance(msg, (LocalLedgersRequest, LiveCheck, Relocate, DeleteLogs)):
+            self._on_gc(msg, now)
         else:
             raise AssertionError(f"index: unexpected message {msg!r}")
 
@@ -113,6 +126,65 @@ class IndexCore:
         m.CHECKPOINTS_TOTAL.inc()
         self.cp_in_flight = None
         self.last_cp_at = now
+        self._gc_index_flushed()
+
+    # -- garbage collection (zbk/actors/gc.py has the protocol and why it is safe) ------------
+    def _on_gc(self, msg: Any, now: float) -> None:
+        assert self.outbox is not None
+        if isinstance(msg, LocalLedgersRequest):
+            self.outbox.send("gc", LocalLedgers(msg.ctx, self.cache.ledgers()))
+        elif isinstance(msg, LiveCheck):
+            self._live_check(msg)
+        elif isinstance(msg, Relocate):
+            self._relocate(msg, now)
+        else:
+            # On to the EntryLogger behind every ReadLocations sent so far, so no read of a
+            # location in these logs arrives after they are gone.
+            self.outbox.send("entrylogger", msg)
+
+    def _live_check(self, msg: LiveCheck) -> None:
+        assert self.outbox is not None
+        get = self.cache.get
+        try:
+            live = [get(lid, eid) == loc for lid, eid, loc in msg.entries]
+        except CorruptDataError as e:
+            # Keep the log: a damaged slot is an operator's problem, not something to copy around.
+            self.outbox.send("entrylogger", LiveResult(msg.job, [], error=str(e)))
+            return
+        self.outbox.send("entrylogger", LiveResult(msg.job, live))
+
+    def _relocate(self, msg: Relocate, now: float) -> None:
+        """Conditional puts: a slot moves to the copy only if it still holds the old location."""
+        assert self.outbox is not None
+        cache = self.cache
+        applied = 0
+        rejected: list[tuple[int, int, int]] = []
+        for lid, eid, old, new, size in msg.moves:
+            try:
+                current = cache.get(lid, eid)
+            except CorruptDataError:
+                current = None
+            if current == old:
+                cache.put(lid, eid, new)
+                applied += 1
+            else:  # re-added or deleted meanwhile: the copy is garbage
+                rejected.append((new >> OFFSET_BITS, lid, size))
+        if msg.last:
+            # The old log may go once an index flush that starts after this point has ended.
+            self.gc_waiting.append(msg.job)
+            self.start_checkpoint(now)
+        elif cache.needs_flush:
+            self.start_checkpoint(now)
+        self.outbox.send("gc", Relocated(msg.job, applied, rejected, msg.scanned_bytes, msg.copied_bytes,
+                                         msg.last, msg.error))
+
+    def _gc_index_flushed(self) -> None:
+        """Called after every completed checkpoint: its index flush ran after every Relocate
+        received before it, so the waiting compactions are durable."""
+        assert self.outbox is not None
+        for job in self.gc_waiting:
+            self.outbox.send("gc", CompactionDurable(job))
+        self.gc_waiting.clear()
 
     def on_tick(self, now: float) -> None:
         if self.last_cp_at is None:

@@ -10,6 +10,7 @@ Who sends what to whom, and why the order is safe:
     IndexSyncer --StartCheckpoint--> EntryLogger --MarkRequest--> JournalWriter --Mark--> EntryLogger
     EntryLogger (flushes logs) --CheckpointReady--> Server --Checkpoint--> IndexSyncer
     IndexSyncer (flushes index, persists lastMark) --TrimJournal--> JournalWriter
+    GarbageCollector: see zbk/actors/gc.py ("Messages") for its flow and ordering argument.
 
 1. Acknowledged implies readable: the Server replies to an add only after it has both the
    entry's location (Appended, from which it sent IndexPut) and the journal's Synced.
@@ -196,3 +197,135 @@ class UsageRequest:
 class UsageReport:
     ctx: int
     usage: dict[int, dict[int, int]] = field(default_factory=dict)
+
+
+# -- garbage collection (zbk/actors/gc.py explains the flow and why each hop is ordered) ----
+
+@dataclass(slots=True)
+class GcTrigger:
+    """Admin (POST /api/v1/bookie/gc) -> GC: run now; ``major`` / ``minor`` force that
+    compaction regardless of its interval."""
+
+    major: bool = False
+    minor: bool = False
+
+
+@dataclass(slots=True)
+class LocalLedgersRequest:
+    """GC -> Server -> IndexSyncer: which ledgers does the index hold? Routed through the
+    Server so it is answered after every HeaderUpdate / IndexPut / DeleteLedgers sent before."""
+
+    ctx: int
+
+
+@dataclass(slots=True)
+class LocalLedgers:
+    """IndexSyncer -> GC."""
+
+    ctx: int
+    ledger_ids: list[int]
+
+
+@dataclass(slots=True)
+class LogStatsRequest:
+    """GC -> EntryLogger."""
+
+    ctx: int
+
+
+@dataclass(slots=True)
+class LogStats:
+    """EntryLogger -> GC: per-log usage and which logs are still open or unsynced."""
+
+    ctx: int
+    usage: dict[int, dict[int, int]]  # {log id: {ledger id: record bytes}}
+    unflushed: list[int]  # EntryLogWriter.unflushed_log_ids(): never deleted nor compacted
+    least_unflushed: int  # EntryLogWriter.least_unflushed_log_id()
+
+
+@dataclass(slots=True)
+class DeleteLogs:
+    """GC -> IndexSyncer -> EntryLogger: remove these sealed logs. Routed through the index so
+    that every read location it handed out earlier is served before the log goes."""
+
+    ctx: int
+    log_ids: list[int]
+
+
+@dataclass(slots=True)
+class LogsDeleted:
+    """EntryLogger -> GC: the logs actually removed (an unflushed or unknown log is skipped)."""
+
+    ctx: int
+    log_ids: list[int]
+
+
+@dataclass(slots=True)
+class CompactLog:
+    """GC -> EntryLogger: start compacting a sealed log (chunks follow as CompactChunk)."""
+
+    job: int
+    log_id: int
+
+
+@dataclass(slots=True)
+class CompactChunk:
+    """GC -> EntryLogger: scan about ``budget_bytes`` more of the job's log (the throttle)."""
+
+    job: int
+    budget_bytes: int
+
+
+@dataclass(slots=True)
+class LiveCheck:
+    """EntryLogger -> Server -> IndexSyncer: which of these (ledger, entry, location) does the
+    index still point at? Routed through the Server so it follows every IndexPut for them."""
+
+    job: int
+    entries: list[tuple[int, int, int]]
+
+
+@dataclass(slots=True)
+class LiveResult:
+    """IndexSyncer -> EntryLogger: one flag per LiveCheck entry; ``error``: abort the job."""
+
+    job: int
+    live: list[bool]
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Relocate:
+    """EntryLogger -> Server -> IndexSyncer: conditional index puts for copied entries, each
+    (ledger, entry, old location, new location, record bytes), applied only where the index
+    still points at the old location. Sent once per chunk; ``last`` ends the job (with
+    ``error`` when it failed: the old log must then be kept)."""
+
+    job: int
+    moves: list[tuple[int, int, int, int, int]]
+    scanned_bytes: int
+    copied_bytes: int
+    last: bool
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Relocated:
+    """IndexSyncer -> GC: a Relocate was applied. ``rejected`` lists (new log id, ledger id,
+    record bytes) of copies the index did not take: unreferenced garbage in that log."""
+
+    job: int
+    applied: int
+    rejected: list[tuple[int, int, int]]
+    scanned_bytes: int
+    copied_bytes: int
+    last: bool
+    error: str = ""
+
+
+@dataclass(slots=True)
+class CompactionDurable:
+    """IndexSyncer -> GC: an index flush that started after the job's last Relocate was
+    applied has completed, so no durable index slot points into the compacted log."""
+
+    job: int

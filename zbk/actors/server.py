@@ -28,17 +28,21 @@ from zbk.actors.base import Outbox
 from zbk.actors.messages import (
     AppendBatch,
     Appended,
+    Checkpoint,
     CheckpointDone,
     CheckpointReady,
-    Checkpoint,
+    DeleteLedgers,
     EntryList,
     ForceJournal,
     HeaderUpdate,
     IndexPut,
     JournalMeta,
     ListEntries,
+    LiveCheck,
+    LocalLedgersRequest,
     Lookup,
     ReadResult,
+    Relocate,
     Synced,
     WriteClose,
 )
@@ -46,8 +50,8 @@ from zbk.metrics import bookie as m
 from zbk.storage.journal import RecordType
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_request, encode
-from zbk.wire.errors import FrameError
 from zbk.wire.entry import peek_entry_header
+from zbk.wire.errors import FrameError
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
@@ -541,6 +545,8 @@ class ServerCore:
             self.last_checkpoint = msg.mark
         elif isinstance(msg, tuple) and msg and msg[0] == "admin":
             self._on_admin(msg)
+        elif isinstance(msg, (DeleteLedgers, LocalLedgersRequest, LiveCheck, Relocate)):
+            self._on_gc_message(msg, now)
         else:
             raise AssertionError(f"server: unexpected message {msg!r}")
 
@@ -573,6 +579,35 @@ class ServerCore:
             state.waiters = keep
             if not keep:
                 self.polling.discard(lid)
+
+    # -- garbage collection (zbk/actors/gc.py) ----------------------------------------------
+    # GC messages only pass through: they go on to the IndexSyncer on the Server->IndexSyncer
+    # pipe, so that they are ordered after every HeaderUpdate / IndexPut sent before them.
+    def _on_gc_message(self, msg: Any, now: float) -> None:
+        assert self.outbox is not None
+        if isinstance(msg, DeleteLedgers):
+            msg = DeleteLedgers(self._drop_ledgers(msg.ledger_ids, now))
+            if not msg.ledger_ids:
+                return
+        self.outbox.send("index", msg)
+
+    def _drop_ledgers(self, ledger_ids: list[int], now: float) -> list[int]:
+        """Forget ledgers deleted in metadata; returns those dropped. A ledger with an add in
+        flight is kept (the add's completion needs its state): the next GC run drops it."""
+        busy = {p.ledger_id for p in self.adds.values()}
+        dropped: list[int] = []
+        for lid in ledger_ids:
+            if lid in busy:
+                log.info("server: ledger %d deleted in metadata but an add is in flight; kept for now", lid)
+                continue
+            state = self.ledgers.pop(lid, None)
+            if state is not None:
+                for wt in state.waiters:  # long polls on a deleted ledger end now
+                    self._finish_read(wt.ident, wt.req, Status.ENOLEDGER, [], wt.started, now)
+                self.polling.discard(lid)
+            dropped.append(lid)
+        self._publish_counts()
+        return dropped
 
 
 _OP_NAMES: dict[type, str] = {
