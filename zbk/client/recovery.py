@@ -29,6 +29,7 @@ from zbk.errors import (
     BookieUnavailableError,
     DigestMismatchError,
     MetadataVersionError,
+    NotEnoughBookiesError,
     UnauthorizedError,
     UnknownLedgerStateError,
     ZbkError,
@@ -99,9 +100,12 @@ async def fence(ctx: ClientContext, md: LedgerMetadata, master_key: bytes) -> in
                                  f"({len(unknown)} unknown: {'; '.join(unknown.values())})")
 
 
-async def recovery_read(ctx: ClientContext, handle: LedgerHandle, entry_id: int) -> tuple[str, bytes | None, int]:
-    """("positive", blob, ledger_length) or ("negative", None, 0); raises when unknown."""
-    md = handle.md
+async def recovery_read(ctx: ClientContext, handle: LedgerHandle, entry_id: int,
+                        md: LedgerMetadata) -> tuple[str, bytes | None, int]:
+    """("positive", blob, ledger_length) or ("negative", None, 0); raises when unknown.
+
+    ``md`` is the metadata as fenced: the write set the writer used. Never the recovery
+    handle's own ensemble changes, whose replacement bookies never saw the writer's copies."""
     ws = md.write_set(entry_id)
     qc = md.write_quorum - md.ack_quorum + 1
     t = ctx.transport
@@ -112,6 +116,8 @@ async def recovery_read(ctx: ClientContext, handle: LedgerHandle, entry_id: int)
                                ctx.read_timeout_s)
         if resp.status == Status.EUA:
             raise UnauthorizedError(f"{bookie} refused the master key of ledger {md.ledger_id}")
+        if isinstance(resp, w.ErrorResponse):  # shed unread (ETOOMANYREQUESTS): unknown
+            return resp.status, None, 0
         if resp.entries:
             blob = bytes(resp.entries[0])
             try:
@@ -171,7 +177,7 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[
         outcome = None
         for attempt in range(RECOVERY_READ_ATTEMPTS):
             try:
-                outcome = await recovery_read(ctx, handle, eid)
+                outcome = await recovery_read(ctx, handle, eid, md)
                 break
             except (UnknownLedgerStateError, BookieUnavailableError) as e:
                 if attempt + 1 == RECOVERY_READ_ATTEMPTS:
@@ -184,13 +190,17 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[
             break
         assert blob is not None
         handle.next_entry_id = eid + 1
-        handle._push(eid, blob, 0)  # write back to AQ with recovery adds (pipelined)
+        # Write back to AQ with recovery adds (pipelined); a failure shows in handle.failed.
+        handle._push(eid, blob, 0).add_done_callback(_retrieved)
         last, length = eid, entry_length
         eid += 1
     await handle._drained.wait()
-    if handle.failed is not None:
+    if handle.failed is not None and (handle.lac < last or not isinstance(handle.failed, NotEnoughBookiesError)):
+        # A written-back entry short of AQ, or a fence / password failure: no close. (Every
+        # entry reaching AQ while the replacement of a dead bookie found no spare is fine:
+        # the ledger closes under-replicated and the auditor repairs it.)
         raise handle.failed
-    md, version = handle.md, handle.version
+    fenced_md, (md, version) = md, (handle.md, handle.version)
     while not md.is_closed:
         closed = md.closed(last, length)
         try:
@@ -199,6 +209,22 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[
             cm.RECOVERIES.inc()
             log.info("ledger %d: recovered and closed at entry %d (%d bytes)", ledger_id, last, length)
         except MetadataVersionError:
-            md, version = await ctx.read_metadata(ledger_id)  # another recoverer won, or changed the ensemble
+            md, version = await ctx.read_metadata(ledger_id)  # another recoverer won, or a re-replication
+            if not md.is_closed:
+                md = _with_changes(md, fenced_md, handle.md)
     ctx.send_write_close(md, handle.master_key)
     return md, version
+
+
+def _with_changes(current: LedgerMetadata, fenced: LedgerMetadata, ours: LedgerMetadata) -> LedgerMetadata:
+    """``current`` plus the ensemble changes that the recovery handle kept in memory
+    (fragments of ``ours`` that ``fenced`` lacks), in order."""
+    for first, bookies in ours.fragments:
+        if (first, bookies) not in fenced.fragments:
+            current = current.with_fragment(first, bookies)
+    return current
+
+
+def _retrieved(fut: asyncio.Future[int]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # reported through handle.failed; keeps asyncio from logging it again

@@ -103,24 +103,34 @@ class ZmqTransport:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         p.waiting[msg.rid] = fut
         try:
-            frames = encode(msg)
-            try:
-                await p.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                # IMMEDIATE: no connection yet (new peer) or any more (dead bookie). Give a
-                # connection a moment (a new one, or a restarted bookie's), then fail instead
-                # of queueing for a corpse.
-                wait_s = min(timeout_s, 0.1 if p.answered else 1.0)
-                if not await p.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
-                    self.failed_at[bookie] = time.monotonic()
-                    raise BookieUnavailableError(f"bookie {bookie} is not connected") from None
-                await p.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-            return await asyncio.wait_for(fut, timeout_s)
+            # The send is inside the timeout too: nothing about a dead or hung bookie may
+            # block a caller longer than timeout_s.
+            return await asyncio.wait_for(self._exchange(p, msg, fut, timeout_s), timeout_s)
         except (TimeoutError, ZbkTimeoutError):
             self.failed_at[bookie] = time.monotonic()
             raise BookieUnavailableError(f"bookie {bookie} did not answer within {timeout_s:.1f}s") from None
         finally:
             p.waiting.pop(msg.rid, None)
+
+    async def _exchange(self, p: _Peer, msg: Any, fut: asyncio.Future[Any], timeout_s: float) -> Any:
+        frames = encode(msg)
+        # IMMEDIATE: EAGAIN means no connection yet (new peer) or any more (dead bookie).
+        # Give a connection a moment (a new one, or a restarted bookie's), then fail instead
+        # of queueing for a corpse. Always DONTWAIT, and never poll(POLLOUT) on the async
+        # socket: pyzmq queues a send behind a pending poll future and ignores DONTWAIT then,
+        # which hung a recovery on a SIGSTOPped bookie.
+        deadline = time.monotonic() + min(timeout_s, 0.1 if p.answered else 1.0)
+        while True:
+            try:
+                # Resolves at once, since no send future is ever left waiting on this socket.
+                await p.sock.send_multipart(frames, flags=zmq.DONTWAIT, copy=False)
+                break
+            except zmq.Again:
+                if time.monotonic() >= deadline:
+                    self.failed_at[p.bookie] = time.monotonic()
+                    raise BookieUnavailableError(f"bookie {p.bookie} is not connected") from None
+                await asyncio.sleep(0.01)
+        return await fut
 
     async def close(self) -> None:
         self.closed = True
