@@ -52,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     b.set_defaults(func=_bookie)
 
-    from zbk.cli import shell
+    from zbk.cli import bench, shell
 
     shell.add_parser(sub)
+    bench.add_parser(sub)
     return p
 
 

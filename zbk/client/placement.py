@@ -31,11 +31,15 @@ def choose_ensemble(bookies: Sequence[BookieRegistration], size: int, *, exclude
     for ids in racks.values():
         rng.shuffle(ids)
     chosen: list[str] = []
+    first_rack: str | None = None
     last_rack: str | None = None
     while len(chosen) < size:
         order = sorted((r for r in racks if racks[r]), key=lambda r: (-len(racks[r]), rng.random()))
-        pick = next((r for r in order if r != last_rack), order[0])
+        # Write sets wrap around the ensemble: the last member also neighbours the first.
+        avoid = {last_rack, first_rack} if len(chosen) == size - 1 else {last_rack}
+        pick = next((r for r in order if r not in avoid), None) or next((r for r in order if r != last_rack), order[0])
         chosen.append(racks[pick].pop())
+        first_rack = first_rack if first_rack is not None else pick
         last_rack = pick
     return chosen
 
