@@ -52,7 +52,7 @@ from zbk.metrics.http import AdminHttpServer
 from zbk.storage import cookie as cookies
 from zbk.storage import markers
 from zbk.storage.entrylog import EntryLogWriter
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
+from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire.entry import peek_entry_header
 
@@ -160,7 +160,7 @@ class Bookie:
                                    expire_after_access_s=self.cfg.entry_log_expire_after_access_s,
                                    clock=self.clock)
         self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max)
-        replayed = self._replay()
+        replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
         phase_one = 0
         if cookie_fixed or (unclean and not durable_adds):
@@ -170,8 +170,15 @@ class Bookie:
                  unclean, cookie_fixed, replayed, phase_one)
         return self.boot_report
 
-    def _replay(self) -> int:
+    def _replay(self, *, journal_replaced: bool = False) -> int:
         start = markers.read_last_mark(self.index_dir)
+        if journal_replaced and start.offset > 0 and not list_segments(self.journal_dir):
+            # The journal disk was replaced (its cookie was missing and has been fixed): the
+            # records after the last checkpoint are gone. Phase one fences and limbos this
+            # bookie's open ledgers, and repair copies what it lacks from its peers (BP-46).
+            log.warning("journal %s is empty but the last mark is %s: journal disk replaced, starting a new "
+                        "journal (records after the last checkpoint are lost here)", self.journal_dir, tuple(start))
+            start = LogMark(0, 0)
         n = 0
         last = start
         for rec, mark in replay(self.journal_dir, start):
