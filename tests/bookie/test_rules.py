@@ -169,3 +169,23 @@ def test_disk_over_threshold_turns_read_only(bookies):
         assert info.state == "readonly"
         assert add(c, 4, [0], flags=AddFlag.RECOVERY_ADD).status == Status.EREADONLY
     assert bk.stop() == 0
+
+
+def test_force_write_lac_and_write_close(bookies):
+    bk = bookies()
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 6, list(range(4))).status == Status.EOK
+        assert c.call(w.ForceLedgerRequest(rid=c.next_rid(), ledger_id=6)).status == Status.EOK
+        assert c.call(w.ForceLedgerRequest(rid=c.next_rid(), ledger_id=99)).status == Status.ENOLEDGER
+        r = c.call(w.WriteLacRequest(rid=c.next_rid(), ledger_id=6, master_key=MK, lac=3))
+        assert r.status == Status.EOK
+        assert c.call(w.WriteLacRequest(rid=c.next_rid(), ledger_id=6, master_key=b"\x03" * 32, lac=9)).status == Status.EUA
+        assert c.call(w.ReadLacRequest(rid=c.next_rid(), ledger_id=6)).lac == 3
+        assert c.call(w.WriteCloseRequest(rid=c.next_rid(), ledger_id=6, master_key=MK)).status == Status.EOK
+        assert c.call(w.WriteCloseRequest(rid=c.next_rid(), ledger_id=6, master_key=b"\x03" * 32)).status == Status.EUA
+    bk.kill9()
+    bk.start()
+    with bk.connect() as c:  # the explicit LAC was journaled: it survives kill -9
+        assert c.call(w.ReadLacRequest(rid=c.next_rid(), ledger_id=6)).lac == 3
+    assert bk.stop() == 0

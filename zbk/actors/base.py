@@ -178,5 +178,9 @@ class ActorLoop(threading.Thread):
             except zmq.Again:
                 return
             self.core.on_message(pickle.loads(raw.buffer), now)
+            self.after_message()
+
+    def after_message(self) -> None:
+        """Called after each message (the journal commits early here when its group is full)."""
 
 

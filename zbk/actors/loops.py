@@ -89,17 +89,9 @@ class JournalLoop(ActorLoop):
 
     core: JournalCore
 
-    def _drain(self, sock: zmq.Socket[Any], now: float, budget: int = 1024) -> None:
-        import pickle
-
-        for _ in range(budget):
-            try:
-                raw = sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.core.on_message(pickle.loads(raw.buffer), now)
-            if self.core.must_commit_now(self.clock.monotonic()):
-                self.core.commit()
+    def after_message(self) -> None:
+        if self.core.must_commit_now(self.clock.monotonic()):
+            self.core.commit()
 
     def after_batch(self, now: float) -> None:
         self.core.commit()

@@ -448,13 +448,21 @@ class ServerCore:
     def _ok(self, ident: bytes, req: Any) -> None:
         self._error(ident, req, Status.EOK)
 
-    def _on_write_lac(self, ident: bytes, req: w.WriteLacRequest, now: float) -> None:
+    def _known(self, ident: bytes, req: Any, key: bytes | None) -> LedgerState | None:
+        """The ledger's state if it exists here and ``key`` is its master key; otherwise the
+        request is answered (ENOLEDGER / EUA) and None returned."""
         state = self.ledgers.get(req.ledger_id)
         if state is None:
             self._error(ident, req, Status.ENOLEDGER)
-            return
-        if not self._check_key(state, req.master_key):
+            return None
+        if not self._check_key(state, key):
             self._error(ident, req, Status.EUA)
+            return None
+        return state
+
+    def _on_write_lac(self, ident: bytes, req: w.WriteLacRequest, now: float) -> None:
+        state = self._known(ident, req, req.master_key)
+        if state is None:
             return
         if req.lac > state.lac:
             self._advance_lac(req.ledger_id, state, req.lac, now)
@@ -465,12 +473,9 @@ class ServerCore:
         self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.EXPLICIT_LAC), req.ledger_id, state.lac, b"")]))
 
     def _on_force(self, ident: bytes, req: w.ForceLedgerRequest, now: float) -> None:
-        state = self.ledgers.get(req.ledger_id)
-        if state is None:
+        # FORCE_LEDGER carries no master key (it only waits for durability, changes nothing).
+        if req.ledger_id not in self.ledgers:
             self._error(ident, req, Status.ENOLEDGER)
-            return
-        if not self._check_key(state, req.master_key):
-            self._error(ident, req, Status.EUA)
             return
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
@@ -478,12 +483,7 @@ class ServerCore:
         self.outbox.send("journal", ForceJournal(batch))
 
     def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
-        state = self.ledgers.get(req.ledger_id)
-        if state is None:
-            self._error(ident, req, Status.ENOLEDGER)
-            return
-        if not self._check_key(state, req.master_key):
-            self._error(ident, req, Status.EUA)
+        if self._known(ident, req, req.master_key) is None:
             return
         assert self.outbox is not None
         self.outbox.send("entrylogger", WriteClose(req.ledger_id))
