@@ -13,6 +13,8 @@ from zbk.wire.ops import AddFlag, ReadFlag
 PASSWORD = b"secret"
 MK = master_key(PASSWORD)
 DIGEST = make_digest("crc32c", PASSWORD)
+NO_ADD_FLAGS = AddFlag(0)
+NO_READ_FLAGS = ReadFlag(0)
 
 
 def payload(lid: int, eid: int, size: int = 256) -> bytes:
@@ -25,13 +27,13 @@ def entry(lid: int, eid: int, size: int = 256) -> bytes:
     return build_entry(lid, eid, eid - 1, payload(lid, eid, size), DIGEST)
 
 
-def add(c: BookieConnection, lid: int, eids: list[int], *, flags: AddFlag = AddFlag(0), key: bytes = MK,
+def add(c: BookieConnection, lid: int, eids: list[int], *, flags: AddFlag = NO_ADD_FLAGS, key: bytes = MK,
         size: int = 256) -> w.AddResponse:
     return c.call(w.AddRequest(rid=c.next_rid(), ledger_id=lid, master_key=key, flags=flags,
                                entries=[entry(lid, e, size) for e in eids]))
 
 
-def read(c: BookieConnection, lid: int, first: int, count: int = 1, *, flags: ReadFlag = ReadFlag(0),
+def read(c: BookieConnection, lid: int, first: int, count: int = 1, *, flags: ReadFlag = NO_READ_FLAGS,
          key: bytes | None = None) -> w.ReadResponse:
     return c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=first, count=count,
                                 flags=flags, master_key=key))

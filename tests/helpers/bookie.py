@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from helpers.procs import free_port, start_process, stop_process, tail
-
 from zbk.client.raw import BookieConnection
 from zbk.errors import ZbkError
 from zbk.wire import messages as w

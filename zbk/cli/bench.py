@@ -75,7 +75,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 break
             await sem.acquire()
             fut = lh.append(payload)
-            fut.add_done_callback(lambda f, s=time.perf_counter(): finished(s, f))
+            started = time.perf_counter()
+            fut.add_done_callback(lambda f, s=started: finished(s, f))
             sent += 1
             if tty and now - last_print > 0.5:
                 last_print = now
