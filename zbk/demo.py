@@ -1,123 +1,105 @@
-"""The README's main job: a local cluster on embedded metadata plus a sample workload.
+"""The README's main job: a sample workload through the client library.
 
-Starts bookie processes (real `zbk bookie` processes on loopback ports, embedded sqlite
-metadata in a temporary directory), writes ledgers of 1 KiB entries replicated to every
-bookie, reads them back from each, verifies every byte, prints the figures and stops
-everything by PID.
+Run it against a running cluster, e.g. `zbk sandbox` in another terminal (same directory):
+
+    python -m zbk.demo                      # metadata of ./zbk-sandbox
+    python -m zbk.demo --metadata sqlite:///tmp/c/meta.db --entries 100000
+
+It writes 1 KiB entries into a few ledgers (ensemble 3, write quorum 2, ack quorum 2),
+closes them, reopens each with recovery (as a new reader would after a writer's crash),
+reads every entry back, checks every byte, and prints the throughput and the metadata.
+scripts/demo.sh starts a sandbox, runs this, and stops the sandbox.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
-from zbk.client.digest import make_digest, master_key
-from zbk.client.raw import BookieConnection
-from zbk.errors import ZbkError
+import zbk
 from zbk.metadata.registry import list_bookies
 from zbk.metadata.uri import open_store
-from zbk.wire import messages as w
-from zbk.wire.entry import build_entry, parse_entry
+
+PASSWORD = b"demo"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def wait_for_bookies(uri: str, count: int, timeout_s: float) -> None:
+    """Block until ``count`` bookies are registered as writable, then list them."""
+    store = open_store(uri)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(bookies := list_bookies(store)) < count:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"demo: only {len(bookies)} of {count} bookies registered after {timeout_s:.0f} s")
+            time.sleep(0.2)
+    finally:
+        store.close()
+    print(f"cluster: metadata {uri}")
+    for b in bookies:
+        print(f"  bookie {b.bookie_id}  metrics {b.http_url}/metrics")
 
 
-def _start(root: str, uri: str, i: int) -> tuple[subprocess.Popen[bytes], str]:
-    port, http = _free_port(), _free_port()
-    log = open(os.path.join(root, f"bookie-{i}.log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", uri,
-                             "--data-dir", os.path.join(root, f"bookie-{i}"), "--port", str(port),
-                             "--http-port", str(http)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    return proc, f"127.0.0.1:{port}"
+def payload(ledger_id: int, entry_id: int, filler: bytes) -> bytes:
+    """Every entry differs (its ids lead), so a misplaced entry cannot pass the check."""
+    return f"{ledger_id:08d}:{entry_id:08d}:".encode() + filler
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        raise SystemExit(f"demo: FAILED: {what}")
+
+
+def rate(count: int, size: int, seconds: float) -> str:
+    return f"{count:,} entries in {seconds:.2f} s: {count / seconds:,.0f} entries/s, {count * size / seconds / 1e6:.1f} MB/s"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--bookies", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--metadata", default=f"sqlite:///{os.path.abspath('zbk-sandbox')}/meta.db")
+    ap.add_argument("--bookies", type=int, default=3, help="wait until this many bookies are up")
     ap.add_argument("--ledgers", type=int, default=4)
-    ap.add_argument("--entries", type=int, default=5000, help="entries per ledger")
+    ap.add_argument("--entries", type=int, default=20_000, help="entries in all (spread over the ledgers)")
+    ap.add_argument("--entry-size", type=int, default=1024)
     args = ap.parse_args(argv)
-    root = tempfile.mkdtemp(prefix="zbk-demo-")
-    uri = f"sqlite:///{root}/meta.db"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        ids = []
-        for i in range(args.bookies):
-            p, bid = _start(root, uri, i)
-            procs.append(p)
-            ids.append(bid)
-        store = open_store(uri)
-        deadline = time.monotonic() + 60
-        while len(list_bookies(store)) < args.bookies:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                print(f"bookies did not come up; logs in {root}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        print(f"cluster: metadata {uri}")
-        for b in list_bookies(store):
-            print(f"  bookie {b.bookie_id}  http {b.http_url}/metrics")
-        dg, mk = make_digest("crc32c", b"demo"), master_key(b"demo")
-        payload = os.urandom(1024)
-        conns = [BookieConnection(b) for b in ids]
+    wait_for_bookies(args.metadata, args.bookies, timeout_s=60)
+    filler = os.urandom(args.entry_size - len(payload(0, 0, b"")))
+    per_ledger = args.entries // args.ledgers
+    total = per_ledger * args.ledgers
+
+    with zbk.BookKeeper(args.metadata) as bk:
+        # Write: every append is pipelined; each future resolves to the entry id once two
+        # of the entry's bookies have fsynced it.
         t0 = time.perf_counter()
-        total = 0
-        for lid in range(1, args.ledgers + 1):
-            for first in range(0, args.entries, 200):
-                blobs = [build_entry(lid, e, e - 1, payload, dg) for e in range(first, min(first + 200, args.entries))]
-                for c in conns:  # write to every bookie, wait for all (write quorum = ack quorum = N)
-                    c.send(w.AddRequest(rid=first + 1, ledger_id=lid, master_key=mk, flags=w.AddFlag(0), entries=blobs))
-                for c in conns:
-                    r = c.recv()
-                    if r.status != 0:
-                        raise ZbkError(f"add failed on {c.bookie_id}: {r.status!r}")
-                total += len(blobs)
-        wrote = time.perf_counter() - t0
+        ledgers = [bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PASSWORD,
+                                    custom_metadata={"app": b"demo"}) for _ in range(args.ledgers)]
+        futures = [(lh, [lh.append_async(payload(lh.ledger_id, e, filler)) for e in range(per_ledger)])
+                   for lh in ledgers]
+        for lh, futs in futures:
+            check([f.result() for f in futs] == list(range(per_ledger)), f"ledger {lh.ledger_id}: entry ids out of order")
+            lh.close()
+        print(f"wrote {rate(total, args.entry_size, time.perf_counter() - t0)}")
+
+        # Read: open with recovery (fences the ledger, settles its last entry), read it all back.
         t0 = time.perf_counter()
-        checked = 0
-        for c in conns:
-            for lid in range(1, args.ledgers + 1):
-                e = 0
-                while e < args.entries:
-                    r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=e, count=1000))
-                    for blob in r.entries:
-                        parsed = parse_entry(blob, dg)
-                        assert parsed.entry_id == e and bytes(parsed.payload) == payload
-                        e += 1
-                        checked += 1
-                    if not r.entries:
-                        raise ZbkError(f"{c.bookie_id}: ledger {lid} entry {e} missing ({r.status!r})")
-        read = time.perf_counter() - t0
-        mb = total * 1024 / 1e6
-        print(f"wrote {total} entries x {len(ids)} replicas ({mb:.1f} MB each) in {wrote:.2f}s: "
-              f"{total / wrote:,.0f} entries/s fully replicated")
-        print(f"read back and verified {checked} copies in {read:.2f}s: {checked / read:,.0f} entries/s")
-        for c in conns:
-            c.close()
-        store.close()
-        return 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        for lh in ledgers:
+            rh = bk.open_ledger(lh.ledger_id, password=PASSWORD)
+            check(rh.is_closed and rh.last_add_confirmed == per_ledger - 1,
+                  f"ledger {lh.ledger_id} recovered to entry {rh.last_add_confirmed}, expected {per_ledger - 1}")
+            count = 0
+            for e in rh.read(0, rh.last_add_confirmed):
+                check(e.entry_id == count and e.payload == payload(lh.ledger_id, count, filler),
+                      f"ledger {lh.ledger_id} entry {count}: wrong entry or bytes")
+                count += 1
+            check(count == per_ledger, f"ledger {lh.ledger_id}: read {count} entries, expected {per_ledger}")
+        print(f"read back and verified {rate(total, args.entry_size, time.perf_counter() - t0)}")
+
+        for lh in ledgers:
+            md = bk.ledger_metadata(lh.ledger_id)
+            print(f"  ledger {lh.ledger_id}: {md.state}, entries 0..{md.last_entry_id}, {md.length:,} bytes, "
+                  f"E{md.ensemble_size} WQ{md.write_quorum} AQ{md.ack_quorum}, ensembles {md.ensembles}")
+    return 0
 
 
 if __name__ == "__main__":

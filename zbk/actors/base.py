@@ -156,7 +156,7 @@ class ActorLoop(threading.Thread):
             if next_tick is not None:
                 timeout_ms = max(0.0, min(timeout_ms, (next_tick - now) * 1000))
             timeout_ms = min(timeout_ms, self.poll_timeout_ms())
-            events = dict(poller.poll(timeout_ms))
+            events = dict(poller.poll(int(timeout_ms)))
             now = self.clock.monotonic()
             for sock in events:
                 if sock in extra:

@@ -275,7 +275,7 @@ class ServerCore:
             self.outbox.send("journal", JournalMeta(batch, meta))
             need_sync = True
         self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync)
-        self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, list(req.entries), self.journal_write_data))
+        self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, [bytes(b) for b in req.entries], self.journal_write_data))
 
     def _on_appended(self, msg: Appended, now: float) -> None:
         p = self.adds.get(msg.batch_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -76,7 +77,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             await sem.acquire()
             fut = lh.append(payload)
             started = time.perf_counter()
-            fut.add_done_callback(lambda f, s=started: finished(s, f))
+            fut.add_done_callback(functools.partial(finished, started))
             sent += 1
             if tty and now - last_print > 0.5:
                 last_print = now

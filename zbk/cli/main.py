@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from zbk.errors import EXIT_USAGE, ZbkError
 
@@ -32,7 +33,7 @@ def _bookie(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 2 with one line (argparse does too)
+    def error(self, message: str) -> NoReturn:  # usage errors exit 2 with one line (argparse does too)
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -52,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     b.set_defaults(func=_bookie)
 
-    from zbk.cli import bench, shell
+    from zbk.cli import bench, sandbox, shell
 
     shell.add_parser(sub)
     bench.add_parser(sub)
+    from zbk.recovery import process as autorecovery
+
+    autorecovery.add_parser(sub)
+    sandbox.add_parser(sub)
     return p
 
 

@@ -114,7 +114,9 @@ class AsyncBookKeeper:
 
     async def start(self) -> AsyncBookKeeper:
         if self.ctx is None:
-            store = self._store or await asyncio.to_thread(open_store, self.metadata_uri or "")
+            store = self._store
+            if store is None:
+                store = await asyncio.to_thread(open_store, self.metadata_uri or "")
             self.ctx = ClientContext(store, self._transport or ZmqTransport(), self.config, self._rng)
         return self
 

@@ -176,7 +176,9 @@ class ReadHandle:
                                                      count=count, flags=flags, master_key=key), self.ctx.read_timeout_s)
         if resp.status == Status.EUA:
             raise UnauthorizedError(f"{bookie}: wrong password for ledger {self.ledger_id}")
-        out = []
+        if isinstance(resp, w.ErrorResponse):  # shed unread (ETOOMANYREQUESTS): no entries field
+            return [], resp.status
+        out: list[LedgerEntry] = []
         for i, blob in enumerate(resp.entries):
             try:
                 e = parse_entry(blob, self.digest, ledger_id=self.ledger_id, entry_id=first + i)
@@ -254,7 +256,7 @@ class ReadHandle:
                 continue
             if self.md.is_closed:
                 return
-            now = time.monotonic()
+            now = asyncio.get_running_loop().time()  # the clock of the polls' own timeouts
             if now - last_md_check > 1.0:  # notice a close (or ensemble change) by the writer
                 last_md_check = now
                 await self.refresh_metadata()
@@ -323,6 +325,9 @@ class LedgerHandle(ReadHandle):
         self._flush_scheduled = False
         self._changing = False
         self._to_replace: set[str] = set()
+        # Ensemble changes since an entry was last confirmed: bounds a writer flapping between
+        # bookies that each fail at once (two with failing disks) instead of spinning forever.
+        self._changes_without_progress = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -346,6 +351,8 @@ class LedgerHandle(ReadHandle):
         return self._push(eid, blob, size)
 
     def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
+        if self.failed is not None:
+            raise self.failed  # nothing would send it: a recovery would wait for it forever
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.pending.append(_Add(eid, blob, size, fut, time.monotonic()))
         self._drained.clear()
@@ -405,6 +412,7 @@ class LedgerHandle(ReadHandle):
         now = time.monotonic()
         while self.pending and len(self.pending[0].acked) >= aq:
             a = self.pending.popleft()
+            self._changes_without_progress = 0
             self.lac = a.entry_id
             self.length += a.size
             cm.ADD_ENTRY_SECONDS.observe(now - a.started)
@@ -426,11 +434,11 @@ class LedgerHandle(ReadHandle):
 
     async def _change_ensemble(self) -> None:
         try:
-            attempts = 0
             while self._to_replace & set(self.md.last_ensemble) and self.failed is None:
-                attempts += 1
-                if attempts > self.ctx.config.ensemble_change_attempts_max:
-                    raise NotEnoughBookiesError(f"ledger {self.ledger_id}: ensemble change failed {attempts - 1} times")
+                self._changes_without_progress += 1
+                if self._changes_without_progress > self.ctx.config.ensemble_change_attempts_max:
+                    raise NotEnoughBookiesError(f"ledger {self.ledger_id}: {self._changes_without_progress - 1} "
+                                                "ensemble changes without confirming an entry")
                 await self._change_once()
         except ZbkError as e:
             self._fail(e)
@@ -444,20 +452,28 @@ class LedgerHandle(ReadHandle):
         bookies = await self.ctx.writable_bookies()
         ensemble = list(self.md.last_ensemble)
         replaced = []
-        for i, b in enumerate(ensemble):
-            if b in self._to_replace:
-                ensemble[i] = self.ctx.placement.choose_replacement(bookies, ensemble, i, exclude=self._to_replace)
-                replaced.append(b)
+        try:
+            for i, b in enumerate(ensemble):
+                if b in self._to_replace:
+                    ensemble[i] = self.ctx.placement.choose_replacement(bookies, ensemble, i, exclude=self._to_replace)
+                    replaced.append(b)
+        except NotEnoughBookiesError:
+            # No spare bookie, but the silent one may just be fenced by a recovering reader:
+            # then the writer must learn that it lost the ledger, not that bookies are short.
+            await self._fresh_metadata_unless_fenced()
+            raise
         first = self.lac + 1
         new_md = self.md.with_fragment(first, ensemble)
-        try:
-            self.version = await self.ctx.write_metadata(new_md, self.version)
-        except MetadataVersionError:
-            current, version = await self.ctx.read_metadata(self.ledger_id)
-            if current.state != "OPEN" and not (self.recovery and current.state == "IN_RECOVERY"):
-                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state}: fenced by a recovering reader") from None
-            self.md, self.version = current, version
-            return  # retry on the fresh metadata
+        if not self.recovery:
+            try:
+                self.version = await self.ctx.write_metadata(new_md, self.version)
+            except MetadataVersionError:
+                self.md, self.version = await self._fresh_metadata_unless_fenced()
+                return  # retry on the fresh metadata
+        # Ledger recovery keeps its ensemble changes in memory and writes them with the close
+        # (as BookKeeper's ReadOnlyLedgerHandle does). Written now, they would send the
+        # recovery reads of later entries, and any later recovery, to replacement bookies
+        # that never saw the writer's copies: their "no such entry" would truncate acked ones.
         self.md = new_md
         self._to_replace -= set(replaced)
         cm.ENSEMBLE_CHANGES.inc()
@@ -468,6 +484,13 @@ class LedgerHandle(ReadHandle):
             ws = set(self.md.write_set(a.entry_id))
             a.acked &= ws
             a.sent &= ws
+
+    async def _fresh_metadata_unless_fenced(self) -> tuple[LedgerMetadata, int]:
+        """The current metadata; LedgerFencedError if a recovering reader has taken over."""
+        current, version = await self.ctx.read_metadata(self.ledger_id)
+        if current.state != "OPEN" and not (self.recovery and current.state == "IN_RECOVERY"):
+            raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state}: fenced by a recovering reader")
+        return current, version
 
     def _fail(self, err: ZbkError) -> None:
         if self.failed is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from zbk.client.bookkeeper import AsyncBookKeeper
@@ -75,7 +75,7 @@ class SyncReadHandle:
             nxt = end + 1
 
     def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
-        agen = self._h.tail(start)
+        agen: AsyncGenerator[LedgerEntry, None] = self._h.tail(start)  # type: ignore[assignment]
         try:
             while True:
                 try:

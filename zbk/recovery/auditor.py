@@ -1,0 +1,218 @@
+"""The auditor: finds ledgers that lost a replica and marks them under-replicated.
+
+Exactly one auditor acts at a time, elected through ``auditor/leader`` (LeaderElection,
+bound to the process lease). The leader watches bookie registrations: a bookie that is
+registered neither writable nor read-only is gone (a read-only bookie still serves reads,
+so it is not lost). After ``lost_bookie_recovery_delay`` seconds (0: at once; the value
+lives in metadata and may change at any time, which reschedules pending audits) every
+ledger with a fragment on the gone bookie is marked under-replicated, naming it. A bookie
+that comes back before its delay ran out is not audited: a restart is not a loss.
+
+A new leader also counts as gone every bookie that ledgers name but nobody has
+registered, so a bookie that died while no auditor ran (or during a leader change) is
+still audited.
+
+:class:`AuditorCore` holds the decisions (plain state, the clock passed in as numbers);
+:class:`Auditor` is the thin thread around it that talks to the metadata store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from zbk.clock import SYSTEM_CLOCK, Clock
+from zbk.errors import CorruptMetadataError, MetadataError, NoSuchLedgerError, ZbkError
+from zbk.metadata import layout
+from zbk.metadata.coordination import LeaderElection
+from zbk.metadata.registry import LedgerStore, list_bookies, watch_bookies
+from zbk.metadata.store import MetadataStore, Watch, WatchEvent
+from zbk.recovery import metrics as rm
+from zbk.recovery.underreplication import UnderReplicationRegistry, get_recovery_delay
+
+log = logging.getLogger(__name__)
+
+leader_poll_interval_s = 1.0  # re-list bookies even without a watch event (a missed event must not stall audits)
+campaign_timeout_s = 1.0  # how often a waiting candidate checks whether it should stop
+error_backoff_s = 1.0
+
+
+class AuditorCore:
+    """Which bookies are gone, since when, and which are due for an audit.
+
+    Feed it the set of registered bookies (writable and read-only) whenever it may have
+    changed, the delay whenever it may have changed, and ask :meth:`due` what to audit."""
+
+    def __init__(self, delay_s: float) -> None:
+        assert delay_s >= 0, delay_s
+        self.delay_s = delay_s
+        self.available: set[str] = set()
+        self.pending: dict[str, float] = {}  # gone bookie -> when it was first seen gone
+        self.lost: set[str] = set()  # audited and still gone
+
+    def observe(self, available: set[str], now: float, *, referenced: set[str] | None = None) -> None:
+        """``available``: bookies registered now. ``referenced``: bookies that ledgers name
+        (passed by a new leader), gone too if not available."""
+        for b in available:
+            if self.pending.pop(b, None) is not None:
+                log.info("bookie %s is back before its audit: not lost", b)
+            self.lost.discard(b)
+        for b in (self.available | (referenced or set())) - available:
+            if b not in self.pending and b not in self.lost:
+                log.info("bookie %s is gone; audit in %.1f s", b, self.delay_s)
+                self.pending[b] = now
+        self.available = set(available)
+
+    def set_delay(self, delay_s: float) -> None:
+        """A new delay applies to pending audits too: each is due ``delay_s`` after its
+        bookie was first seen gone."""
+        assert delay_s >= 0, delay_s
+        self.delay_s = delay_s
+
+    def due(self, now: float) -> list[str]:
+        """Bookies whose delay ran out, sorted; they move from pending to lost."""
+        ready = sorted(b for b, since in self.pending.items() if since + self.delay_s <= now)
+        for b in ready:
+            del self.pending[b]
+            self.lost.add(b)
+        return ready
+
+    def retry(self, bookie: str, now: float) -> None:
+        """An audit that failed half-way: due again at once (marks are idempotent)."""
+        if bookie in self.lost:
+            self.lost.discard(bookie)
+            self.pending[bookie] = now - self.delay_s
+
+    def forget(self, bookie: str) -> None:
+        """An audited bookie that no ledger names: nothing to repair, stop counting it."""
+        self.lost.discard(bookie)
+
+    def next_due(self) -> float | None:
+        """When the earliest pending audit is due (None: nothing pending)."""
+        if not self.pending:
+            return None
+        return min(self.pending.values()) + self.delay_s
+
+    @property
+    def lost_count(self) -> int:
+        return len(self.pending) + len(self.lost)
+
+
+class Auditor:
+    """The auditor candidate of one process: campaigns, and while leader runs the core."""
+
+    def __init__(self, store: MetadataStore, registry: UnderReplicationRegistry, lease: int, candidate_id: str, *,
+                 default_delay_s: float = 0.0, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.store = store
+        self.registry = registry
+        self.ledgers = LedgerStore(store)
+        self.candidate_id = candidate_id
+        self.default_delay_s = default_delay_s
+        self.clock = clock
+        self.election = LeaderElection(store, candidate_id, lease, on_lost=self._on_lost)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zbk-auditor", daemon=True)
+        rm.AUDITOR_IS_LEADER.set(0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop campaigning and resign leadership (another candidate takes over at once)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(30)
+        self.election.close()
+        rm.AUDITOR_IS_LEADER.set(0)
+
+    def is_leader(self) -> bool:
+        return self.election.is_leader()
+
+    def _on_lost(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.election.campaign(timeout_s=campaign_timeout_s):
+                    continue
+                if self._stop.is_set():
+                    break
+                rm.AUDITOR_IS_LEADER.set(1)
+                self._lead()
+            except ZbkError as e:
+                log.warning("auditor: %s; retrying in %.1f s", e, error_backoff_s)
+                self.election.resign()
+                self._stop.wait(error_backoff_s)
+            finally:
+                rm.AUDITOR_IS_LEADER.set(0)
+
+    def _lead(self) -> None:
+        """Audit while we lead: one pass per wake-up (a watch event, a due audit, or the poll)."""
+        watches: list[Watch] = []
+        try:
+            watches.append(watch_bookies(self.store, lambda _ev: self._wake.set()))
+            watches.append(self.store.watch(layout.LOST_BOOKIE_RECOVERY_DELAY, self._on_delay_event))
+            core = AuditorCore(get_recovery_delay(self.store, self.default_delay_s))
+            core.observe(self._available(), self.clock.monotonic(), referenced=self._referenced())
+            while not self._stop.is_set() and self.election.is_leader():
+                self._wake.clear()  # before reading: a change from now on wakes the next pass
+                self._pass(core)
+                nxt = core.next_due()
+                wait = leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
+                self._wake.wait(max(0.0, min(leader_poll_interval_s, wait)))
+        finally:
+            for w in watches:
+                w.cancel()
+        log.info("auditor %s: no longer leading", self.candidate_id)
+
+    def _on_delay_event(self, ev: WatchEvent) -> None:
+        if ev.key == layout.LOST_BOOKIE_RECOVERY_DELAY:
+            self._wake.set()
+
+    def _pass(self, core: AuditorCore) -> None:
+        core.set_delay(get_recovery_delay(self.store, self.default_delay_s))
+        core.observe(self._available(), self.clock.monotonic())
+        for bookie in core.due(self.clock.monotonic()):
+            try:
+                if self._audit(bookie) == 0:
+                    core.forget(bookie)
+            except MetadataError:
+                core.retry(bookie, self.clock.monotonic())
+                raise
+        rm.AUDITOR_LOST_BOOKIES.set(core.lost_count)
+        rm.AUDITOR_UNDER_REPLICATED_LEDGERS.set(self.registry.count())
+
+    def _available(self) -> set[str]:
+        return {r.bookie_id for r in list_bookies(self.store)} | \
+               {r.bookie_id for r in list_bookies(self.store, readonly=True)}
+
+    def _referenced(self) -> set[str]:
+        """Every bookie some ledger's fragments name (a full metadata scan)."""
+        out: set[str] = set()
+        for lid in self.ledgers.list_ids():
+            try:
+                md, _ = self.ledgers.read(lid)
+            except (NoSuchLedgerError, CorruptMetadataError):
+                continue  # deleted meanwhile; corrupt metadata is reported by its readers
+            out |= md.all_bookies()
+        return out
+
+    def _audit(self, bookie: str) -> int:
+        """Mark every ledger with a fragment on ``bookie``; returns how many."""
+        marked = 0
+        for lid in self.ledgers.list_ids():
+            try:
+                md, _ = self.ledgers.read(lid)
+            except (NoSuchLedgerError, CorruptMetadataError):
+                continue
+            if bookie in md.all_bookies():
+                try:
+                    self.registry.mark(lid, [bookie])
+                    marked += 1
+                except MetadataError as e:
+                    log.warning("auditor: could not mark ledger %d (lost %s), audit retried: %s", lid, bookie, e)
+                    raise
+        log.info("auditor: bookie %s lost: %d ledger(s) marked under-replicated", bookie, marked)
+        return marked

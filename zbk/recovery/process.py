@@ -1,0 +1,168 @@
+"""`zbk autorecovery`: the auditor candidate, replicator workers and the HTTP admin API.
+
+    zbk autorecovery --metadata URI [--http-port 8100] [--set key=value ...]
+
+Keys for ``--set`` are those of :class:`zbk.config.AutoRecoveryConfig`. One lease (TTL
+``lease_ttl_s``) binds this process's auditor leadership and ledger locks: if the process
+dies they vanish with it; if the lease is lost while running, the process exits with code 1
+rather than keep working without it (crash, don't limp). SIGTERM / SIGINT stop it cleanly:
+workers finish their step, leadership and locks are released, the lease revoked.
+
+HTTP (loopback by default): /metrics, /heartbeat,
+GET /api/v1/autorecovery/list_under_replicated_ledger -> {"ledgers": [{ledger_id, missing_bookies, marked_ms}]},
+GET /api/v1/autorecovery/who_is_auditor -> {"auditor": id or null},
+GET|PUT /api/v1/autorecovery/lost_bookie_recovery_delay <-> {"lost_bookie_recovery_delay_s": seconds}.
+The process's candidate id is ``<http host>:<http port>`` of its admin API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import threading
+from typing import Any
+
+from zbk.errors import EXIT_FAILED, EXIT_OK
+
+log = logging.getLogger(__name__)
+stop_timeout_s = 30.0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("autorecovery", help="run the auditor and replicator workers")
+    p.add_argument("--metadata", help="metadata URI: sqlite:///path/meta.db or etcd://host:port/scope")
+    p.add_argument("--http-port", type=int, help="HTTP port for /metrics and the admin API (default 8100; 0: any)")
+    p.add_argument("--config", help="a TOML file of AutoRecoveryConfig keys")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from zbk.config import AutoRecoveryConfig, load
+
+    cfg = load(AutoRecoveryConfig, path=args.config, overrides=args.set,
+               explicit={"metadata_uri": args.metadata, "http_port": args.http_port}).validate()
+    return run_autorecovery(cfg)
+
+
+class AutoRecovery:
+    """The parts of one autorecovery process, started and stopped in order."""
+
+    def __init__(self, cfg: Any, *, stop_event: threading.Event | None = None) -> None:
+        from zbk.metadata.coordination import LeaseKeeper
+        from zbk.metadata.uri import open_store
+        from zbk.metrics.http import AdminHttpServer
+
+        self.cfg = cfg
+        self.stop_event = stop_event or threading.Event()
+        self.exit_code = EXIT_OK
+        self.store = open_store(cfg.metadata_uri)
+        self.lease = LeaseKeeper(self.store, cfg.lease_ttl_s, on_lost=self._lease_lost)
+        self.http = AdminHttpServer(cfg.http_bind_address, cfg.http_port, token=cfg.admin_token)
+        self.candidate_id = f"{cfg.http_bind_address}:{self.http.port}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._replicator: Any = None
+        self._replicator_thread: threading.Thread | None = None
+        self.auditor: Any = None
+
+    def _lease_lost(self) -> None:
+        log.error("autorecovery %s: lease lost; exiting", self.candidate_id)
+        self.exit_code = EXIT_FAILED
+        self.stop_event.set()
+
+    def start(self) -> None:
+        from zbk.recovery.auditor import Auditor
+        from zbk.recovery.underreplication import UnderReplicationRegistry, init_recovery_delay
+
+        lease = self.lease.start()
+        self.registry = UnderReplicationRegistry(self.store, self.candidate_id)
+        init_recovery_delay(self.store, self.cfg.lost_bookie_recovery_delay_s)
+        self._routes()
+        self.http.start()
+        self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
+                               default_delay_s=self.cfg.lost_bookie_recovery_delay_s)
+        self.auditor.start()
+        self._replicator_thread = threading.Thread(target=self._run_replicator, args=(lease,),
+                                                   name="zbk-replicator", daemon=True)
+        self._replicator_thread.start()
+        log.info("autorecovery %s: running (%d replicator worker(s))", self.candidate_id, self.cfg.replicator_workers)
+
+    def _run_replicator(self, lease: int) -> None:
+        try:
+            asyncio.run(self._replicate(lease))
+        except BaseException:
+            log.exception("replicator crashed")
+            self.exit_code = EXIT_FAILED
+            self.stop_event.set()
+
+    async def _replicate(self, lease: int) -> None:
+        from zbk.client.bookkeeper import ClientContext
+        from zbk.client.transport import ZmqTransport
+        from zbk.config import ClientConfig
+        from zbk.recovery.replicator import Replicator
+
+        ctx = ClientContext(self.store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        self._loop = asyncio.get_running_loop()
+        self._replicator = Replicator(ctx, self.registry, lease, workers=self.cfg.replicator_workers,
+                                      grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s)
+        if self.stop_event.is_set():
+            self._replicator.stop()
+        try:
+            await self._replicator.run()
+        finally:
+            await ctx.transport.close()
+
+    def _routes(self) -> None:
+        from zbk.metadata.coordination import current_leader
+        from zbk.metrics.http import HttpError
+        from zbk.recovery.underreplication import get_recovery_delay, set_recovery_delay
+
+        base = "/api/v1/autorecovery"
+
+        def put_delay(body: dict[str, Any] | None) -> dict[str, Any]:
+            value = (body or {}).get("lost_bookie_recovery_delay_s")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise HttpError(400, 'body must be {"lost_bookie_recovery_delay_s": seconds >= 0}')
+            set_recovery_delay(self.store, float(value))
+            return {"lost_bookie_recovery_delay_s": float(value)}
+
+        self.http.route("GET", f"{base}/list_under_replicated_ledger",
+                        lambda _b: {"ledgers": [m.as_json() for m in self.registry.list()]})
+        self.http.route("GET", f"{base}/who_is_auditor", lambda _b: {"auditor": current_leader(self.store)})
+        self.http.route("GET", f"{base}/lost_bookie_recovery_delay",
+                        lambda _b: {"lost_bookie_recovery_delay_s": get_recovery_delay(self.store)})
+        self.http.route("PUT", f"{base}/lost_bookie_recovery_delay", put_delay)
+
+    def stop(self) -> None:
+        """Release everything others wait for: leadership first, then ledger locks."""
+        if self.auditor is not None:
+            self.auditor.stop()
+        if self._loop is not None and self._replicator is not None:
+            # The loop is closed already if the replicator saw the stop event at start-up.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._replicator.stop)
+        if self._replicator_thread is not None:
+            self._replicator_thread.join(stop_timeout_s)
+        self.http.stop()
+        self.lease.stop(revoke=True)  # deletes any lock key a stuck worker still held
+        self.store.close()
+
+
+def run_autorecovery(cfg: Any) -> int:
+    """Run until SIGTERM/SIGINT (or a lost lease); returns the exit code."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    ar = AutoRecovery(cfg, stop_event=stop)
+    try:
+        ar.start()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        ar.stop()
+    log.info("autorecovery %s: stopped", ar.candidate_id)
+    return ar.exit_code

@@ -1,0 +1,278 @@
+"""Replicator workers: make under-replicated ledgers whole again.
+
+One pass of a worker over the marks (``underreplication/ledgers/``), in random order so
+that workers spread out:
+
+1. Take the ledger's lease-bound lock (skip it if another worker holds it, or if it is
+   backing off after a failure).
+2. The ledger's *lost* bookies: those the mark names that are registered neither
+   writable nor read-only. Only named ones: the auditor applies the recovery delay, so a
+   bookie merely restarting is never replaced (nor an open ledger fenced because of it).
+   A named bookie that registered again is trusted to hold its data (finding lost data on
+   a living bookie is the periodic fragment check's job).
+3. If the ledger is not closed and its last fragment has a lost bookie, a writer may still
+   be about to replace it: wait ``open_ledger_rereplication_grace_period_s`` after first
+   seeing it, then fence, recover and close it (:func:`zbk.client.recovery.recover`).
+4. For each fragment and each lost bookie in it: choose a writable replacement not in the
+   fragment, copy every entry the lost position held (entry e where the position is in
+   e's write set) from the surviving replicas — raw blobs, digest checked with the
+   ledger's password — with batched RECOVERY_ADDs, then compare-and-set the fragment's
+   new ensemble into the metadata.
+5. Remove the mark, only at the version read in step 1 and only if no fragment names a
+   lost bookie any more. Release the lock. A failure backs the ledger off and releases it.
+
+Workers run as asyncio tasks that share one client context (one DEALER per bookie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from zbk import limits
+from zbk.client import placement
+from zbk.client.bookkeeper import ClientContext
+from zbk.client.digest import Digest, master_key
+from zbk.client.recovery import recover
+from zbk.errors import (
+    BookieUnavailableError,
+    DigestMismatchError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    ZbkError,
+    error_for_status,
+)
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.registry import list_bookies
+from zbk.recovery import metrics as rm
+from zbk.recovery.underreplication import UnderReplicatedLedger, UnderReplicationRegistry
+from zbk.wire import messages as w
+from zbk.wire.entry import parse_entry
+from zbk.wire.ops import AddFlag
+from zbk.wire.status import Status
+
+log = logging.getLogger(__name__)
+
+copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
+copy_batch_bytes_max = limits.frame_bytes_max_default // 2
+idle_poll_interval_s = 0.5  # how often an idle worker looks for marks
+backoff_s_min = 0.5
+backoff_s_max = 30.0
+
+
+@dataclass
+class _Backoff:
+    until: float
+    delay_s: float
+
+
+def positions_held(md: LedgerMetadata, position: int, first: int, last: int) -> list[int]:
+    """Entries in ``first..last`` whose write set includes ensemble ``position``:
+    e with (position - e) mod E < WQ (the write set is WQ consecutive members from e mod E)."""
+    e_size, wq = md.ensemble_size, md.write_quorum
+    return [e for e in range(first, last + 1) if (position - e) % e_size < wq]
+
+
+class Replicator:
+    """N workers sharing one client context, a registry, and the process lease."""
+
+    def __init__(self, ctx: ClientContext, registry: UnderReplicationRegistry, lease: int, *, workers: int = 1,
+                 grace_period_s: float = 30.0, rng: random.Random | None = None) -> None:
+        assert workers >= 1, workers
+        self.ctx = ctx
+        self.registry = registry
+        self.lease = lease
+        self.workers = workers
+        self.grace_period_s = grace_period_s
+        self.rng = rng or random.Random()
+        self._backoff: dict[int, _Backoff] = {}
+        self._first_seen_open: dict[int, float] = {}  # ledger -> when we first saw its last fragment hurt
+        self._busy: set[int] = set()  # ledgers a worker of this process is on (locks are per owner)
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._worker(i) for i in range(self.workers)))
+
+    def stop(self) -> None:
+        """Ask workers to stop after their current step (call on the loop's thread)."""
+        self._stop.set()
+
+    async def _worker(self, index: int) -> None:
+        while not self._stop.is_set():
+            try:
+                did = await self.run_once()
+            except ZbkError as e:
+                log.warning("replicator worker %d: %s", index, e)
+                did = False
+            if not did:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), idle_poll_interval_s)
+                except TimeoutError:
+                    pass
+
+    async def run_once(self) -> bool:
+        """Work on one marked ledger we could lock; True if one was made whole."""
+        marks = await asyncio.to_thread(self.registry.list)
+        self.rng.shuffle(marks)
+        now = time.monotonic()
+        for mark in marks:
+            lid = mark.ledger_id
+            if self._stop.is_set():
+                return False
+            b = self._backoff.get(lid)
+            if lid in self._busy or (b is not None and b.until > now):
+                continue
+            self._busy.add(lid)
+            try:
+                if not await asyncio.to_thread(self.registry.try_lock, lid, self.lease):
+                    continue
+                try:
+                    return await self._attempt(mark)
+                finally:
+                    await asyncio.to_thread(self.registry.unlock, lid)
+            finally:
+                self._busy.discard(lid)
+        return False
+
+    async def _attempt(self, mark: UnderReplicatedLedger) -> bool:
+        lid = mark.ledger_id
+        try:
+            done = await self.replicate_ledger(mark)
+        except ZbkError as e:
+            prev = self._backoff.get(lid)
+            delay = min(backoff_s_max, prev.delay_s * 2) if prev else backoff_s_min
+            self._backoff[lid] = _Backoff(time.monotonic() + delay, delay)
+            log.warning("ledger %d: re-replication failed, retrying in %.1f s: %s", lid, delay, e)
+            return False
+        if done:
+            self._backoff.pop(lid, None)
+            self._first_seen_open.pop(lid, None)
+        return done
+
+    async def replicate_ledger(self, mark: UnderReplicatedLedger) -> bool:
+        """Make the ledger whole and clear its mark; False if it must wait (grace period)."""
+        lid = mark.ledger_id
+        try:
+            md, version = await self.ctx.read_metadata(lid)
+        except NoSuchLedgerError:
+            await asyncio.to_thread(self.registry.clear, mark)  # deleted: nothing left to repair
+            return True
+        registered = await self._registered()
+        lost = set(mark.missing_bookies) - registered
+        if not md.is_closed and lost & set(md.last_ensemble):
+            if not self._grace_over(lid):
+                return False
+            log.info("ledger %d: open with a lost bookie in its last fragment: recovering it", lid)
+            md, version = await recover(self.ctx, lid, md.password)
+        for index in range(len(md.fragments)):
+            for bookie in sorted(lost & set(md.fragments[index][1])):
+                md, version = await self._replace_in_fragment(md, version, index, bookie, lost)
+        md, _ = await self.ctx.read_metadata(lid)
+        if md.all_bookies() & lost:
+            raise BookieUnavailableError(f"ledger {lid}: still names lost bookies {sorted(md.all_bookies() & lost)}")
+        if await asyncio.to_thread(self.registry.clear, mark):
+            rm.REPLICATOR_LEDGERS_REPLICATED.inc()
+            log.info("ledger %d: re-replicated (lost %s)", lid, sorted(lost))
+        return True
+
+    def _grace_over(self, lid: int) -> bool:
+        first = self._first_seen_open.setdefault(lid, time.monotonic())
+        left = first + self.grace_period_s - time.monotonic()
+        if left > 0:
+            # Not a failure: come back once the writer had its chance to change ensembles.
+            self._backoff[lid] = _Backoff(time.monotonic() + left, 0.0)
+            log.info("ledger %d: open, waiting %.1f s more for its writer before recovering it", lid, left)
+            return False
+        return True
+
+    async def _registered(self) -> set[str]:
+        def both() -> set[str]:
+            return {r.bookie_id for r in list_bookies(self.ctx.store)} | \
+                   {r.bookie_id for r in list_bookies(self.ctx.store, readonly=True)}
+        return await asyncio.to_thread(both)
+
+    async def _replace_in_fragment(self, md: LedgerMetadata, version: int, index: int, old: str,
+                                   lost: set[str]) -> tuple[LedgerMetadata, int]:
+        """Copy fragment ``index``'s entries of ``old`` to a replacement, then CAS the new
+        ensemble in. Returns the metadata as written."""
+        first, ensemble = md.fragments[index]
+        position = ensemble.index(old)
+        writable = await self.ctx.writable_bookies()
+        new = placement.choose_replacement(writable, list(ensemble), position, exclude=lost, rng=self.rng)
+        last = md.fragment_end(index)
+        entries = positions_held(md, position, first, last) if last >= first else []
+        await self._copy(md, index, entries, new, lost | {old})
+        while True:
+            try:
+                updated = md.with_replaced_bookie(index, old, new)
+                version = await self.ctx.write_metadata(updated, version)
+                log.info("ledger %d fragment %d: %s -> %s (%d entries copied)", md.ledger_id, first, old, new,
+                         len(entries))
+                return updated, version
+            except MetadataVersionError:
+                # A writer's ensemble change or a close raced us: redo on fresh metadata if
+                # this fragment is unchanged (then our copies are still the right ones).
+                fresh, version = await self.ctx.read_metadata(md.ledger_id)
+                if fresh.fragments[index] != md.fragments[index] or fresh.fragment_end(index) != last:
+                    raise MetadataVersionError(f"ledger {md.ledger_id}: fragment {first} changed during copy") from None
+                md = fresh
+
+    async def _copy(self, md: LedgerMetadata, index: int, entries: list[int], target: str, avoid: set[str]) -> None:
+        digest = self.ctx.digest_for(md.digest, md.password)
+        key = master_key(md.password)
+        for start in range(0, len(entries), copy_batch_entries_max):
+            batch = entries[start:start + copy_batch_entries_max]
+            blobs = await asyncio.gather(*(self._read_copy(md, e, digest, avoid) for e in batch))
+            for chunk in _chunks(blobs, copy_batch_bytes_max):
+                await self._write(md.ledger_id, key, target, chunk)
+            rm.REPLICATOR_ENTRIES_COPIED.inc(len(batch))
+
+    async def _read_copy(self, md: LedgerMetadata, entry_id: int, digest: Digest, avoid: set[str]) -> bytes:
+        """A digest-checked blob of ``entry_id`` from a surviving replica of its write set."""
+        t = self.ctx.transport
+        why: list[str] = []
+        for bookie in md.write_set(entry_id):
+            if bookie in avoid:
+                continue
+            try:
+                resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id,
+                                                             first_entry_id=entry_id), self.ctx.read_timeout_s)
+            except BookieUnavailableError as e:
+                why.append(str(e))
+                continue
+            if isinstance(resp, w.ReadResponse) and resp.entries:
+                blob = bytes(resp.entries[0])
+                try:
+                    parse_entry(blob, digest, ledger_id=md.ledger_id, entry_id=entry_id)
+                    return blob
+                except DigestMismatchError as e:
+                    why.append(f"{bookie}: bad copy ({e})")
+                    continue
+            why.append(f"{bookie}: {resp.status.name}")
+        raise BookieUnavailableError(f"ledger {md.ledger_id} entry {entry_id}: no surviving replica answered "
+                                     f"with a good copy ({'; '.join(why) or 'no surviving replica'})")
+
+    async def _write(self, ledger_id: int, key: bytes, target: str, blobs: list[bytes]) -> None:
+        t = self.ctx.transport
+        req = w.AddRequest(rid=t.next_rid(), ledger_id=ledger_id, master_key=key, flags=AddFlag.RECOVERY_ADD,
+                           entries=blobs)
+        resp = await t.request(target, req, self.ctx.add_timeout_s)
+        if resp.status != Status.EOK:
+            raise error_for_status(resp.status, f"{target}: recovery add to ledger {ledger_id}")
+
+
+def _chunks(blobs: list[bytes], bytes_max: int) -> list[list[bytes]]:
+    """Split into requests of at most ``entries_per_add_request_max`` entries and about
+    ``bytes_max`` bytes (one oversized entry goes alone)."""
+    out: list[list[bytes]] = [[]]
+    size = 0
+    for b in blobs:
+        if out[-1] and (len(out[-1]) >= limits.entries_per_add_request_max or size + len(b) > bytes_max):
+            out.append([])
+            size = 0
+        out[-1].append(b)
+        size += len(b)
+    return [c for c in out if c]
