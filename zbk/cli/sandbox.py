@@ -43,9 +43,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from zbk.errors import ConfigError, ZbkError
+
+if TYPE_CHECKING:
+    from zbk.metadata.store import MetadataStore
 
 DEFAULT_BASE_PORT = 3181
 DEFAULT_DATA_DIR = "zbk-sandbox"
@@ -327,10 +330,11 @@ class Supervised:
                 return
             pid, self.proc = self.proc.pid, None
             if code == EXIT_COOKIE or self.restarts >= RESTART_MAX:
-                why = "its data is not this cluster's" if code == EXIT_COOKIE else f"{RESTART_MAX} restarts"
+                why = ("its data dir does not belong to this cluster's metadata" if code == EXIT_COOKIE
+                       else f"{RESTART_MAX} restarts in a row")
                 self.failed = describe_exit(code)
-                out.event("failed", f"{self.spec.name} (pid {pid}) {describe_exit(code)}; not restarting after "
-                          f"{why}; see {self.spec.log}", bookie=self.spec.name, pid=pid, code=code)
+                out.event("failed", f"{self.spec.name} (pid {pid}) {describe_exit(code)}; not restarting: {why}; "
+                          f"see {self.spec.log}", bookie=self.spec.name, pid=pid, code=code)
                 return
             delay = min(RESTART_BACKOFF_BASE_S * 2 ** self.restarts, RESTART_BACKOFF_MAX_S)
             self.restart_at = now + delay
@@ -361,9 +365,10 @@ class Status:
     problems: list[str] = field(default_factory=list)
 
     def text(self) -> str:
-        meta = (f"{self.writable} writable, {self.readonly} readonly, {self.ledgers} ledgers"
-                if self.ledgers is not None else "metadata unreachable")
-        return ", ".join([f"{self.running}/{self.bookies} bookies running", meta, *self.problems])
+        # Without metadata (ledgers None) the problems say why; the counts would be made up.
+        meta = ([f"{self.writable} writable, {self.readonly} readonly, {self.ledgers} ledgers"]
+                if self.ledgers is not None else [])
+        return ", ".join([f"{self.running}/{self.bookies} bookies running", *meta, *self.problems])
 
     def key(self) -> tuple[Any, ...]:  # what counts as a change worth a line (not the ledger count)
         return (self.running, self.writable, self.readonly, self.ledgers is None, tuple(self.problems))
@@ -458,21 +463,18 @@ class StopSignals:
 
 
 class Sandbox:
-    def __init__(self, layout: Layout, out: Output, signals: StopSignals, *, settings: list[str],
-                 verbose: bool) -> None:
-        self.layout, self.out, self.signals = layout, out, signals
+    def __init__(self, layout: Layout, store: MetadataStore, out: Output, signals: StopSignals, *,
+                 settings: list[str], verbose: bool) -> None:
+        self.layout, self.store, self.out, self.signals = layout, store, out, signals
         self.children = [Supervised(b, bookie_argv(layout, b, settings, verbose)) for b in layout.bookies]
-        # Autorecovery (auditor + replicators) is not built yet. Once `zbk autorecovery`
-        # exists it is started here as one more supervised child (`zbk autorecovery
-        # --metadata <uri> --http-port <base+1000+N>`), stopped after the bookies are told
-        # to stop, like every other child.
-        self.store: Any = None
+        # Autorecovery (auditor + replicator workers) is not started yet: `zbk autorecovery`
+        # (zbk/recovery/process.py) is still being built. Once it is done, it is started here
+        # as one more supervised child (`zbk autorecovery --metadata <uri> --http-port
+        # <base+2000>`, a port outside the bookie ranges so that adding bookies later cannot
+        # collide with it), restarted and stopped like the bookies.
         self.ready = False
 
     def run(self) -> int:
-        from zbk.metadata.uri import open_store
-
-        self.store = open_store(self.layout.metadata)  # first: a bad URI or a dead etcd fails fast
         try:
             now = time.monotonic()
             for c in self.children:
@@ -483,7 +485,6 @@ class Sandbox:
             # Also on an unexpected error: never leave a child behind.
             self.out.end()
             code = self.stop_all()
-            self.store.close()
         return code
 
     def _loop(self) -> None:
@@ -506,7 +507,7 @@ class Sandbox:
             writable = {r.bookie_id for r in list_bookies(self.store)}
             readonly = {r.bookie_id for r in list_bookies(self.store, readonly=True)}
             st.ledgers = sum(1 for _ in LedgerStore(self.store).list_ids())
-        except ZbkError as e:
+        except Exception as e:  # noqa: BLE001 - a failed status read must not take the cluster down
             st.problems.append(f"metadata: {e}")
             return st
         st.writable, st.readonly = len(writable), len(readonly)
@@ -559,6 +560,8 @@ class Sandbox:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zbk.metadata.uri import open_store
+
     signals = StopSignals()
     signals.install()  # before any child exists: a Ctrl-C from here on stops them in order
     layout = resolve_layout(args)
@@ -566,9 +569,12 @@ def run(args: argparse.Namespace) -> int:
     lock = lock_data_dir(layout.data_dir)
     try:
         check_ports(layout)
-        save_layout(layout)
-        out = Output(as_json=args.json, show_status=not args.no_status)
-        sandbox = Sandbox(layout, out, signals, settings=args.set, verbose=args.verbose)
-        return sandbox.run()
+        store = open_store(layout.metadata)  # a bad URI or an unreachable etcd fails here, before any child
+        try:
+            save_layout(layout)  # only a layout that worked binds this data dir
+            out = Output(as_json=args.json, show_status=not args.no_status)
+            return Sandbox(layout, store, out, signals, settings=args.set, verbose=args.verbose).run()
+        finally:
+            store.close()
     finally:
         lock.close()
