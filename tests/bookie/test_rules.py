@@ -189,3 +189,23 @@ def test_force_write_lac_and_write_close(bookies):
     with bk.connect() as c:  # the explicit LAC was journaled: it survives kill -9
         assert c.call(w.ReadLacRequest(rid=c.next_rid(), ledger_id=6)).lac == 3
     assert bk.stop() == 0
+
+
+def test_sparse_ranged_read_returns_every_held_entry_of_the_range(bookies):
+    bk = bookies()
+    bk.start()
+    held = [e for e in range(30) if e % 3 != 1]  # a stripe pattern: E=3, WQ=2
+    with bk.connect() as c:
+        assert add(c, 8, held).status == Status.EOK
+        plain = read(c, 8, 0, 30)
+        assert check_payloads(plain, 8) == [0]  # a plain ranged read stops at the first gap
+        sparse = read(c, 8, 0, 30, flags=ReadFlag.SPARSE)
+        assert sparse.status == Status.EOK
+        from zbk.wire.entry import peek_entry_header
+
+        assert [peek_entry_header(b)[1] for b in sparse.entries] == held
+        assert read(c, 8, 31, 5, flags=ReadFlag.SPARSE).status == Status.ENOENTRY
+        bad = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=2,
+                                   flags=ReadFlag.SPARSE | ReadFlag.FENCE, master_key=MK))
+        assert bad.status == Status.EBADREQ
+    assert bk.stop() == 0

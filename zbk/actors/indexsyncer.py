@@ -92,6 +92,8 @@ class IndexCore:
         for eid in range(msg.first_entry_id, msg.first_entry_id + msg.count):
             loc = get(lid, eid)
             if loc is None:
+                if msg.sparse:
+                    continue
                 break
             locations.append(loc)
         known = bool(locations) or self.cache.exists(lid)

@@ -103,6 +103,7 @@ class Lookup:
     first_entry_id: int
     count: int
     bytes_max: int
+    sparse: bool = False  # every held entry of the range, not only the contiguous prefix
 
 
 @dataclass(slots=True)

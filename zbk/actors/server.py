@@ -388,7 +388,8 @@ class ServerCore:
         ctx = self._next()
         self.reads[ctx] = PendingRead(ident, req, started)
         assert self.outbox is not None
-        self.outbox.send("index", Lookup(ctx, lid, first, count, limits.read_response_bytes_max))
+        self.outbox.send("index", Lookup(ctx, lid, first, count, limits.read_response_bytes_max,
+                                         sparse=bool(req.flags & w.ReadFlag.SPARSE)))
 
     def _on_read_result(self, msg: ReadResult, now: float) -> None:
         p = self.reads.pop(msg.ctx)

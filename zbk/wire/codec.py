@@ -61,6 +61,7 @@ VERSION = limits.PROTOCOL_VERSION
 # Flag bits as plain ints: bit tests on IntFlag members go through the enum machinery (~1 us).
 _FENCE = int(ReadFlag.FENCE)
 _LONG_POLL = int(ReadFlag.LONG_POLL)
+_SPARSE = int(ReadFlag.SPARSE)
 _U64_MAX = 2**64 - 1
 _I64_MAX = 2**63 - 1
 
@@ -351,6 +352,8 @@ def _read_options(h: dict[str, Any]) -> tuple[ReadFlag, bytes | None, int, int]:
     master_key = _master_key(h["mk"]) if "mk" in h else None  # CBOR null is not "absent"
     if bits & _FENCE and master_key is None:
         raise _Invalid("FENCE needs the master key (mk)")
+    if bits & _SPARSE and bits & (_FENCE | _LONG_POLL):
+        raise _Invalid("SPARSE is a plain ranged read: not with FENCE or LONG_POLL")
     if not bits & _LONG_POLL:
         if "pl" in h or "to" in h:
             raise _Invalid("pl and to are only for LONG_POLL")

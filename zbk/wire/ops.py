@@ -30,7 +30,10 @@ class AddFlag(IntFlag):
 class ReadFlag(IntFlag):
     FENCE = 1  # fence the ledger before answering (needs the master key); recovery reads only
     LONG_POLL = 2  # answer once the bookie's LAC exceeds previous_lac, or when timeout_ms passes
+    # A ranged read that returns every entry of the range this bookie holds, skipping the ones
+    # it does not (a bookie holds only its stripes when WQ < E); entry ids are in the blobs.
+    SPARSE = 4
 
 
 ADD_FLAGS_ALL = AddFlag.RECOVERY_ADD | AddFlag.DEFERRED_SYNC
-READ_FLAGS_ALL = ReadFlag.FENCE | ReadFlag.LONG_POLL
+READ_FLAGS_ALL = ReadFlag.FENCE | ReadFlag.LONG_POLL | ReadFlag.SPARSE
