@@ -26,12 +26,16 @@ def command(name: str, help_: str) -> Callable[[Handler], Handler]:
     return deco
 
 
+def _uri(args: argparse.Namespace) -> str:
+    if not args.metadata:
+        raise BadRequestError("this command needs --metadata URI")
+    return str(args.metadata)
+
+
 def _store(args: argparse.Namespace) -> Any:
     from zbk.metadata.uri import open_store
 
-    if not args.metadata:
-        raise BadRequestError("this command needs --metadata URI")
-    return open_store(args.metadata)
+    return open_store(_uri(args))
 
 
 def _out(args: argparse.Namespace, data: Any, table: Callable[[Any], str] | None = None) -> None:
@@ -140,6 +144,73 @@ def _cookie(args: argparse.Namespace) -> None:
     _out(args, {"bookie_id": bookie, "fixed": True},
          lambda d: f"cookie of {bookie} removed from metadata; start the bookie with "
                    "--set auto_fix_cookie=true to rewrite it (BP-46 phase one fences and limbos its open ledgers)")
+
+
+# -- commands through the client ------------------------------------------------------------
+def _progress(args: argparse.Namespace, done: int, total: int, what: str) -> None:
+    """A progress bar on stderr for long work (only on a terminal, never in --json)."""
+    if args.json or not sys.stderr.isatty() or total <= 0:
+        return
+    width = 30
+    filled = int(width * done / total)
+    end = "\n" if done >= total else ""
+    print(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+@command("readledger", "readledger LID [--first N --last M]: entries of a ledger (no recovery, no fencing)")
+def _readledger(args: argparse.Namespace) -> int:
+    import zbk
+
+    lid = _lid(args)
+    with zbk.BookKeeper(_uri(args)) as bk:
+        rh = bk.open_ledger(lid, password=args.password.encode(), recovery=False)
+        last = rh.last_add_confirmed if args.last is None else args.last
+        first = args.first or 0
+        rows = []
+        if last >= first:
+            for e in rh.read(first, last):
+                rows.append({"entry_id": e.entry_id, "bytes": len(e.payload), "payload": e.payload})
+                _progress(args, e.entry_id - first + 1, last - first + 1, f"ledger {lid}")
+    _out(args, rows, lambda rs: "\n".join(f"{r['entry_id']}\t{_jsonable(r['payload'][:80])}" for r in rs)
+         or "(no confirmed entries)")
+    return 0
+
+
+@command("simpletest", "simpletest [--ensemble --write-quorum --ack-quorum --entries N]: write, read back, delete")
+def _simpletest(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    import zbk
+
+    n = args.entries
+    with zbk.BookKeeper(_uri(args)) as bk:
+        lh = bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=b"simpletest")
+        payloads = [os.urandom(1024) for _ in range(min(n, 64))]
+        t0 = time.perf_counter()
+        futs = []
+        for i in range(n):
+            futs.append(lh.append_async(payloads[i % len(payloads)]))
+        for i, f in enumerate(futs):
+            f.result()
+            if i % 100 == 0 or i == n - 1:
+                _progress(args, i + 1, n, "writing")
+        wrote = time.perf_counter() - t0
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id, password=b"simpletest")
+        t0 = time.perf_counter()
+        bad = sum(1 for e in rh.read(0, n - 1) if e.payload != payloads[e.entry_id % len(payloads)]) if n else 0
+        read = time.perf_counter() - t0
+        ensemble = rh.metadata.ensembles
+        bk.delete_ledger(lh.ledger_id)
+    ok = bad == 0
+    _out(args, {"ledger_id": lh.ledger_id, "entries": n, "ensembles": {str(k): v for k, v in ensemble.items()},
+                "write_entries_per_s": round(n / wrote) if wrote else 0, "read_entries_per_s": round(n / read) if read else 0,
+                "mismatches": bad, "ok": ok},
+         lambda d: (f"simpletest {'OK' if d['ok'] else 'FAILED'}: ledger {d['ledger_id']}, {d['entries']} entries on "
+                    f"{d['ensembles']}; write {d['write_entries_per_s']:,}/s, read {d['read_entries_per_s']:,}/s"
+                    + (f", {d['mismatches']} mismatches" if d["mismatches"] else "")))
+    return 0 if ok else 1
 
 
 # -- commands against one bookie -----------------------------------------------------------
@@ -289,6 +360,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--readonly", action="store_true", help="listbookies: read-only bookies")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a bookie")
+    p.add_argument("--first", type=int, help="readledger: first entry id")
+    p.add_argument("--last", type=int, help="readledger: last entry id (default: the LAC)")
+    p.add_argument("--password", default="", help="readledger: the ledger password")
+    p.add_argument("--ensemble", type=int, default=3, help="simpletest: ensemble size")
+    p.add_argument("--write-quorum", type=int, default=2, help="simpletest: write quorum")
+    p.add_argument("--ack-quorum", type=int, default=2, help="simpletest: ack quorum")
+    p.add_argument("--entries", type=int, default=1000, help="simpletest: entries to write")
     p.add_argument("shell_command", metavar="COMMAND")
     p.add_argument("rest", nargs="*", metavar="ARG")
     p.set_defaults(func=_run)

@@ -1,0 +1,98 @@
+"""`zbk shell` through the real CLI against real bookies: output, --json, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.bookie import BookieProcess
+
+
+def zbk(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "zbk.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def three(tmp_path: Path):
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    bks = [BookieProcess(tmp_path, uri, name=f"b{i}") for i in range(3)]
+    try:
+        for b in bks:
+            b.start()
+        yield uri, bks
+    finally:
+        for b in bks:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.kill()
+                b.proc.wait(10)
+
+
+def test_shell_commands(three, tmp_path):
+    uri, bks = three
+    r = zbk("shell", "--metadata", uri, "--json", "listbookies")
+    assert r.returncode == 0, r.stderr
+    assert sorted(x["id"] for x in json.loads(r.stdout)) == sorted(b.bookie_id for b in bks)
+    r = zbk("shell", "--metadata", uri, "listbookies")
+    assert r.returncode == 0 and "bookie" in r.stdout and bks[0].bookie_id in r.stdout
+
+    r = zbk("shell", "--metadata", uri, "--json", "--entries", "300", "simpletest")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["entries"] == 300 and out["mismatches"] == 0
+
+    # A ledger to look at (simpletest deletes its own).
+    import zbk as client
+
+    with client.BookKeeper(uri) as bk:
+        lh = bk.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(20):
+            lh.append(b"entry-%d" % i)
+        lid = lh.ledger_id
+        ens = lh.metadata.ensembles[0]
+        lh.close()
+    r = zbk("shell", "--metadata", uri, "--json", "listledgers")
+    assert r.returncode == 0 and lid in json.loads(r.stdout)
+    r = zbk("shell", "--metadata", uri, "--json", "ledgermetadata", str(lid))
+    md = json.loads(r.stdout)
+    assert md["state"] == "CLOSED" and md["last_entry_id"] == 19 and md["ensembles"]["0"] == ens
+    r = zbk("shell", "--metadata", uri, "--json", "--password", "pw", "readledger", str(lid))
+    assert r.returncode == 0, r.stderr
+    assert [e["payload"] for e in json.loads(r.stdout)] == [f"entry-{i}" for i in range(20)]
+    r = zbk("shell", "--metadata", uri, "--json", "--bookie", ens[0], "readentry", str(lid), "5")
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "EOK"
+    r = zbk("shell", "--metadata", uri, "--json", "--bookie", ens[0], "readentry", str(lid), "500")
+    assert r.returncode == 1 and json.loads(r.stdout)["status"] == "ENOENTRY"
+    r = zbk("shell", "--metadata", uri, "--json", "--bookie", ens[1], "ledgerentries", str(lid))
+    assert json.loads(r.stdout)["ranges"] == [[0, 19]]
+    r = zbk("shell", "--metadata", uri, "--json", "bookieinfo", ens[2])
+    assert json.loads(r.stdout)["state"] == "writable"
+    assert zbk("shell", "--metadata", uri, "instanceid").returncode == 0
+    r = zbk("shell", "--metadata", uri, "--json", "cookie", "get", ens[0])
+    assert r.returncode == 0 and json.loads(r.stdout)["bookie_id"] == ens[0]
+    assert zbk("shell", "--metadata", uri, "deleteledger", str(lid)).returncode == 0
+    r = zbk("shell", "--metadata", uri, "ledgermetadata", str(lid))
+    assert r.returncode == 1 and "NO_SUCH_LEDGER" in r.stderr and "Traceback" not in r.stderr
+
+    # Offline tools on a stopped bookie.
+    assert bks[0].stop() == 0
+    for cmd in (["lastmark"], ["readjournal"]):
+        r = zbk("shell", "--data-dir", str(bks[0].data_dir), "--json", *cmd)
+        assert r.returncode == 0, (cmd, r.stderr)
+
+
+def test_shell_usage_errors_and_unreachable_metadata(tmp_path):
+    r = zbk("shell", "--metadata", f"sqlite:///{tmp_path}/m.db", "ledgermetadata", "not-a-number")
+    assert r.returncode == 2 and "expected a number" in r.stderr
+    r = zbk("shell", "--metadata", f"sqlite:///{tmp_path}/m.db", "nosuchcommand")
+    assert r.returncode == 2
+    r = zbk("shell", "listbookies")
+    assert r.returncode == 2 and "--metadata" in r.stderr
+    r = zbk("shell", "--metadata", "etcd://127.0.0.1:1/zbk", "listbookies", timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stderr[-500:])
+    assert "Traceback" not in r.stderr
+    r = zbk("shell", "--metadata", "bogus://x", "listbookies")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
