@@ -8,9 +8,10 @@ lives in metadata and may change at any time, which reschedules pending audits) 
 ledger with a fragment on the gone bookie is marked under-replicated, naming it. A bookie
 that comes back before its delay ran out is not audited: a restart is not a loss.
 
-A new leader also counts as gone every bookie that ledgers name but nobody has
-registered, so a bookie that died while no auditor ran (or during a leader change) is
-still audited.
+A new leader, and every ``auditor_periodic_check_interval_s`` the leader again, also
+counts as gone every bookie that ledgers name but nobody has registered, so a bookie that
+died while no auditor ran (or during a leader change, or whose event was missed) is still
+audited.
 
 :class:`AuditorCore` holds the decisions (plain state, the clock passed in as numbers);
 :class:`Auditor` is the thin thread around it that talks to the metadata store.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import CorruptMetadataError, MetadataError, NoSuchLedgerError, ZbkError
@@ -102,13 +104,16 @@ class Auditor:
     """The auditor candidate of one process: campaigns, and while leader runs the core."""
 
     def __init__(self, store: MetadataStore, registry: UnderReplicationRegistry, lease: int, candidate_id: str, *,
-                 default_delay_s: float = 0.0, clock: Clock = SYSTEM_CLOCK) -> None:
+                 default_delay_s: float = 0.0, check_interval_s: float = 604_800.0, clock: Clock = SYSTEM_CLOCK,
+                 on_crash: Callable[[], None] | None = None) -> None:
         self.store = store
         self.registry = registry
         self.ledgers = LedgerStore(store)
         self.candidate_id = candidate_id
         self.default_delay_s = default_delay_s
         self.clock = clock
+        self.check_interval_s = check_interval_s
+        self._on_crash = on_crash
         self.election = LeaderElection(store, candidate_id, lease, on_lost=self._on_lost)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -133,6 +138,16 @@ class Auditor:
         self._wake.set()
 
     def _run(self) -> None:
+        try:
+            self._campaign_loop()
+        except BaseException:
+            # A bug, not an expected failure: stop the process rather than run on without
+            # an auditor candidate (crash, don't limp).
+            log.exception("auditor crashed")
+            if self._on_crash is not None:
+                self._on_crash()
+
+    def _campaign_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 if not self.election.campaign(timeout_s=campaign_timeout_s):
@@ -155,9 +170,12 @@ class Auditor:
             watches.append(watch_bookies(self.store, lambda _ev: self._wake.set()))
             watches.append(self.store.watch(layout.LOST_BOOKIE_RECOVERY_DELAY, self._on_delay_event))
             core = AuditorCore(get_recovery_delay(self.store, self.default_delay_s))
-            core.observe(self._available(), self.clock.monotonic(), referenced=self._referenced())
+            next_check = self.clock.monotonic()
             while not self._stop.is_set() and self.election.is_leader():
                 self._wake.clear()  # before reading: a change from now on wakes the next pass
+                if self.clock.monotonic() >= next_check:
+                    self._check_all(core)
+                    next_check = self.clock.monotonic() + self.check_interval_s
                 self._pass(core)
                 nxt = core.next_due()
                 wait = leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
@@ -166,6 +184,12 @@ class Auditor:
             for w in watches:
                 w.cancel()
         log.info("auditor %s: no longer leading", self.candidate_id)
+
+    def _check_all(self, core: AuditorCore) -> None:
+        """The periodic check (and a new leader's first): every bookie that ledgers name
+        but nobody has registered counts as gone, even if no watch event ever said so.
+        (Read probes of fragments on living bookies are not part of it yet.)"""
+        core.observe(self._available(), self.clock.monotonic(), referenced=self._referenced())
 
     def _on_delay_event(self, ev: WatchEvent) -> None:
         if ev.key == layout.LOST_BOOKIE_RECOVERY_DELAY:

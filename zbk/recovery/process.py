@@ -84,20 +84,24 @@ class AutoRecovery:
         self._routes()
         self.http.start()
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
-                               default_delay_s=self.cfg.lost_bookie_recovery_delay_s)
+                               default_delay_s=self.cfg.lost_bookie_recovery_delay_s,
+                               check_interval_s=self.cfg.auditor_periodic_check_interval_s, on_crash=self._crashed)
         self.auditor.start()
         self._replicator_thread = threading.Thread(target=self._run_replicator, args=(lease,),
                                                    name="zbk-replicator", daemon=True)
         self._replicator_thread.start()
         log.info("autorecovery %s: running (%d replicator worker(s))", self.candidate_id, self.cfg.replicator_workers)
 
+    def _crashed(self) -> None:
+        self.exit_code = EXIT_FAILED
+        self.stop_event.set()
+
     def _run_replicator(self, lease: int) -> None:
         try:
             asyncio.run(self._replicate(lease))
         except BaseException:
             log.exception("replicator crashed")
-            self.exit_code = EXIT_FAILED
-            self.stop_event.set()
+            self._crashed()
 
     async def _replicate(self, lease: int) -> None:
         from zbk.client.bookkeeper import ClientContext
@@ -108,7 +112,8 @@ class AutoRecovery:
         ctx = ClientContext(self.store, ZmqTransport(), ClientConfig().validate(), random.Random())
         self._loop = asyncio.get_running_loop()
         self._replicator = Replicator(ctx, self.registry, lease, workers=self.cfg.replicator_workers,
-                                      grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s)
+                                      grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s,
+                                      rate_bytes_per_s=self.cfg.replication_rate_bytes)
         if self.stop_event.is_set():
             self._replicator.stop()
         try:

@@ -63,6 +63,24 @@ backoff_s_min = 0.5
 backoff_s_max = 30.0
 
 
+class RateLimiter:
+    """Bytes per second shared by a process's workers, so that re-replication does not
+    starve the bookies' client traffic (``replication_rate_bytes``). A request is let
+    through at once and the next one waits for its debt: no request is ever split."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        assert bytes_per_s > 0, bytes_per_s
+        self.bytes_per_s = bytes_per_s
+        self._free_at = 0.0  # monotonic time from which the next request may go
+
+    async def acquire(self, nbytes: int) -> None:
+        now = time.monotonic()
+        start = max(now, self._free_at)
+        self._free_at = start + nbytes / self.bytes_per_s
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
 @dataclass
 class _Backoff:
     until: float
@@ -80,13 +98,15 @@ class Replicator:
     """N workers sharing one client context, a registry, and the process lease."""
 
     def __init__(self, ctx: ClientContext, registry: UnderReplicationRegistry, lease: int, *, workers: int = 1,
-                 grace_period_s: float = 30.0, rng: random.Random | None = None) -> None:
+                 grace_period_s: float = 30.0, rate_bytes_per_s: float = 64 * 1024 * 1024,
+                 rng: random.Random | None = None) -> None:
         assert workers >= 1, workers
         self.ctx = ctx
         self.registry = registry
         self.lease = lease
         self.workers = workers
         self.grace_period_s = grace_period_s
+        self.rate = RateLimiter(rate_bytes_per_s)
         self.rng = rng or random.Random()
         self._backoff: dict[int, _Backoff] = {}
         self._first_seen_open: dict[int, float] = {}  # ledger -> when we first saw its last fragment hurt
@@ -116,6 +136,7 @@ class Replicator:
     async def run_once(self) -> bool:
         """Work on one marked ledger we could lock; True if one was made whole."""
         marks = await asyncio.to_thread(self.registry.list)
+        self._forget_unmarked({m.ledger_id for m in marks})
         self.rng.shuffle(marks)
         now = time.monotonic()
         for mark in marks:
@@ -137,13 +158,19 @@ class Replicator:
                 self._busy.discard(lid)
         return False
 
+    def _forget_unmarked(self, marked: set[int]) -> None:
+        """Drop back-off and grace state of ledgers that others repaired (bounded memory)."""
+        for table in (self._backoff, self._first_seen_open):
+            for lid in [lid for lid in table if lid not in marked]:
+                del table[lid]
+
     async def _attempt(self, mark: UnderReplicatedLedger) -> bool:
         lid = mark.ledger_id
         try:
             done = await self.replicate_ledger(mark)
         except ZbkError as e:
             prev = self._backoff.get(lid)
-            delay = min(backoff_s_max, prev.delay_s * 2) if prev else backoff_s_min
+            delay = min(backoff_s_max, max(backoff_s_min, prev.delay_s * 2)) if prev else backoff_s_min
             self._backoff[lid] = _Backoff(time.monotonic() + delay, delay)
             log.warning("ledger %d: re-replication failed, retrying in %.1f s: %s", lid, delay, e)
             return False
@@ -203,6 +230,9 @@ class Replicator:
         writable = await self.ctx.writable_bookies()
         new = placement.choose_replacement(writable, list(ensemble), position, exclude=lost, rng=self.rng)
         last = md.fragment_end(index)
+        # An open last fragment has no end yet; replicate_ledger recovers (closes) such a
+        # ledger before it gets here, so this would be a bug, not a state to copy from.
+        assert md.is_closed or index + 1 < len(md.fragments), (md.ledger_id, index)
         entries = positions_held(md, position, first, last) if last >= first else []
         await self._copy(md, index, entries, new, lost | {old})
         while True:
@@ -227,6 +257,7 @@ class Replicator:
             batch = entries[start:start + copy_batch_entries_max]
             blobs = await asyncio.gather(*(self._read_copy(md, e, digest, avoid) for e in batch))
             for chunk in _chunks(blobs, copy_batch_bytes_max):
+                await self.rate.acquire(sum(len(b) for b in chunk))
                 await self._write(md.ledger_id, key, target, chunk)
             rm.REPLICATOR_ENTRIES_COPIED.inc(len(batch))
 

@@ -1,0 +1,186 @@
+"""The Replicator against the embedded store and an in-memory transport: which entries a
+replacement gets, digest checks, back-off and lock release on failure, racing writers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from zbk.client.bookkeeper import ClientContext
+from zbk.client.digest import make_digest
+from zbk.config import ClientConfig
+from zbk.errors import BookieUnavailableError
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.registry import BookieRegistration, LedgerStore, register_bookie
+from zbk.metadata.store import MetadataStore
+from zbk.metadata.uri import open_store
+from zbk.recovery import replicator as rep
+from zbk.recovery.underreplication import UnderReplicationRegistry
+from zbk.wire import messages as w
+from zbk.wire.entry import build_entry, parse_entry
+from zbk.wire.ops import AddFlag
+from zbk.wire.status import Status
+
+PW = b"secret"
+LIVE = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"]
+DEAD = "127.0.0.1:9"
+ENTRIES = 20
+
+
+def test_positions_held() -> None:
+    md = LedgerMetadata(ledger_id=1, ensemble_size=3, write_quorum=2, ack_quorum=2, fragments=((0, ("a", "b", "c")),))
+    # write set of e: positions e%3, (e+1)%3
+    assert rep.positions_held(md, 0, 0, 5) == [0, 2, 3, 5]
+    assert rep.positions_held(md, 1, 0, 5) == [0, 1, 3, 4]
+    assert rep.positions_held(md, 2, 4, 8) == [4, 5, 7, 8]
+    assert rep.positions_held(md, 2, 3, 2) == []
+    for e in range(10):
+        holders = [p for p in range(3) if e in rep.positions_held(md, p, 0, 9)]
+        assert [md.fragments[0][1][p] for p in holders] == sorted(md.write_set(e))
+
+
+class MemTransport:
+    """Bookies as dicts of blobs; ``down`` bookies (and DEAD) never answer."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, dict[tuple[int, int], bytes]] = {b: {} for b in LIVE}
+        self.down: set[str] = set()
+        self.requests = 0
+        self._rid = 0
+
+    def next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def suspect(self, bookie: str, within_s: float = 5.0) -> bool:
+        return False
+
+    async def request(self, bookie: str, msg: Any, timeout_s: float) -> Any:
+        self.requests += 1
+        if bookie not in self.held or bookie in self.down:
+            raise BookieUnavailableError(f"{bookie} is down")
+        store = self.held[bookie]
+        if isinstance(msg, w.ReadRequest):
+            blob = store.get((msg.ledger_id, msg.first_entry_id))
+            return w.ReadResponse(rid=msg.rid, status=Status.EOK if blob else Status.ENOENTRY, ledger_id=msg.ledger_id,
+                                  first_entry_id=msg.first_entry_id, lac=-1, entries=(blob,) if blob else ())
+        assert isinstance(msg, w.AddRequest) and msg.flags == AddFlag.RECOVERY_ADD
+        for raw in msg.entries:
+            blob = bytes(raw)
+            parsed = parse_entry(blob, make_digest("crc32c", PW), ledger_id=msg.ledger_id)
+            store[(msg.ledger_id, parsed.entry_id)] = blob
+        return w.AddResponse(rid=msg.rid, status=Status.EOK, ledger_id=msg.ledger_id, first_entry_id=0,
+                             last_entry_id=0)
+
+    async def close(self) -> None:
+        pass
+
+
+class Env:
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        for b in LIVE:
+            register_bookie(store, BookieRegistration(b), store.grant_lease(60))
+        self.t = MemTransport()
+        self.ctx = ClientContext(store, self.t, ClientConfig(), random.Random(7))
+        self.registry = UnderReplicationRegistry(store, "worker")
+        self.lease = store.grant_lease(60)
+        self.replicator = rep.Replicator(self.ctx, self.registry, self.lease, grace_period_s=0.0,
+                                         rng=random.Random(7))
+        ensemble = (LIVE[0], DEAD, LIVE[1])
+        md = LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=2, ack_quorum=2, password=PW,
+                            fragments=((0, ensemble),))
+        md, version = LedgerStore(store).create(md)
+        self.md = md.closed(ENTRIES - 1, ENTRIES)
+        LedgerStore(store).write(self.md, version)
+        dg = make_digest(self.md.digest, PW)
+        for e in range(ENTRIES):
+            blob = build_entry(self.md.ledger_id, e, e - 1, bytes([e]), dg, ledger_length=e + 1)
+            for b in self.md.write_set(e):
+                if b != DEAD:
+                    self.t.held[b][(self.md.ledger_id, e)] = blob
+        self.registry.mark(self.md.ledger_id, [DEAD])
+
+
+@pytest.fixture
+def env(sqlite_uri: str) -> Iterator[Env]:
+    store = open_store(sqlite_uri)
+    try:
+        yield Env(store)
+    finally:
+        store.close()
+
+
+def test_copies_the_dead_positions_entries_and_clears_the_mark(env: Env) -> None:
+    assert asyncio.run(env.replicator.run_once())
+    md, _ = LedgerStore(env.store).read(env.md.ledger_id)
+    assert DEAD not in md.all_bookies()
+    new = md.fragments[0][1][1]
+    assert new in LIVE[2:]
+    want = rep.positions_held(md, 1, 0, ENTRIES - 1)
+    assert sorted(e for (_, e) in env.t.held[new]) == want
+    assert env.registry.list() == [] and env.registry.lock_holder(md.ledger_id) is None
+
+
+def test_failure_backs_off_and_releases_the_lock(env: Env) -> None:
+    env.t.down = {LIVE[0]}  # the only other replica of some of the dead bookie's entries
+    assert not asyncio.run(env.replicator.run_once())
+    lid = env.md.ledger_id
+    assert env.registry.lock_holder(lid) is None, "a failed attempt releases its lock"
+    assert [m.ledger_id for m in env.registry.list()] == [lid], "the mark stays"
+    assert LedgerStore(env.store).read(lid)[0].fragments == env.md.fragments, "no half-done metadata"
+    before = env.t.requests
+    assert not asyncio.run(env.replicator.run_once())
+    assert env.t.requests == before, "backing off: not retried at once"
+    env.t.down = set()
+    env.replicator._backoff[lid].until = 0  # the back-off ran out
+    assert asyncio.run(env.replicator.run_once())
+    assert env.registry.list() == []
+
+
+def test_bad_copy_is_not_propagated(env: Env) -> None:
+    lid = env.md.ledger_id
+    e = rep.positions_held(env.md, 1, 0, ENTRIES - 1)[0]
+    survivor = next(b for b in env.md.write_set(e) if b != DEAD)
+    blob = bytearray(env.t.held[survivor][(lid, e)])
+    blob[-1] ^= 0xFF
+    env.t.held[survivor][(lid, e)] = bytes(blob)
+    assert not asyncio.run(env.replicator.run_once())
+    assert [m.ledger_id for m in env.registry.list()] == [lid]
+
+
+def test_locked_ledger_is_skipped(env: Env) -> None:
+    other = UnderReplicationRegistry(env.store, "other-worker")
+    assert other.try_lock(env.md.ledger_id, env.store.grant_lease(60))
+    assert not asyncio.run(env.replicator.run_once())
+    assert env.t.requests == 0
+
+
+def test_copies_are_throttled(env: Env) -> None:
+    # The first request goes at once; the next waits for the first one's 300 B at 200 B/s.
+    env.replicator.rate = rep.RateLimiter(200)
+
+    async def two_requests() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await env.replicator.rate.acquire(300)
+        first = loop.time() - t0
+        await env.replicator.rate.acquire(10)
+        return first, loop.time() - t0
+
+    first, both = asyncio.run(two_requests())
+    assert first < 0.1 and 1.4 <= both < 2.5
+
+
+def test_failure_after_a_grace_wait_still_backs_off(env: Env) -> None:
+    lid = env.md.ledger_id
+    env.replicator._backoff[lid] = rep._Backoff(0.0, 0.0)  # what a finished grace wait leaves
+    env.t.down = {LIVE[0]}
+    assert not asyncio.run(env.replicator.run_once())
+    assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
+    asyncio.run(env.replicator.run_once())  # still backing off: no attempt, no growth
+    assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
