@@ -96,3 +96,26 @@ def test_shell_usage_errors_and_unreachable_metadata(tmp_path):
     assert "Traceback" not in r.stderr
     r = zbk("shell", "--metadata", "bogus://x", "listbookies")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_autorecovery_shell_commands(tmp_path):
+    from zbk.metadata.uri import open_store
+    from zbk.recovery.underreplication import UnderReplicationRegistry
+
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    assert zbk("shell", "--metadata", uri, "lostbookierecoverydelay", "45").returncode == 0
+    r = zbk("shell", "--metadata", uri, "--json", "lostbookierecoverydelay")
+    assert json.loads(r.stdout) == {"lost_bookie_recovery_delay_s": 45.0}
+    assert zbk("shell", "--metadata", uri, "lostbookierecoverydelay", "-3").returncode == 2
+    r = zbk("shell", "--metadata", uri, "--json", "whoisauditor")
+    assert r.returncode == 1 and json.loads(r.stdout) == {"auditor": None}
+    store = open_store(uri)
+    try:
+        UnderReplicationRegistry(store, "test").mark(7, ["127.0.0.1:9"])
+    finally:
+        store.close()
+    r = zbk("shell", "--metadata", uri, "--json", "listunderreplicated")
+    marks = json.loads(r.stdout)
+    assert r.returncode == 0 and marks[0]["ledger_id"] == 7 and marks[0]["missing_bookies"] == ["127.0.0.1:9"]
+    r = zbk("shell", "--metadata", uri, "listunderreplicated")
+    assert "127.0.0.1:9" in r.stdout and "7" in r.stdout

@@ -146,6 +146,40 @@ def _cookie(args: argparse.Namespace) -> None:
                    "--set auto_fix_cookie=true to rewrite it (BP-46 phase one fences and limbos its open ledgers)")
 
 
+# -- auto-recovery ----------------------------------------------------------------------------
+@command("listunderreplicated", "ledgers marked under-replicated, with their missing replicas")
+def _listunderreplicated(args: argparse.Namespace) -> None:
+    from zbk.recovery.underreplication import UnderReplicationRegistry
+
+    marks = [m.as_json() for m in UnderReplicationRegistry(_store(args), "zbk-shell").list()]
+    _out(args, marks, lambda ms: _rows(["ledger", "missing replicas"],
+                                       [[m["ledger_id"], ", ".join(m["missing_bookies"])] for m in ms])
+         if ms else "(no under-replicated ledgers)")
+
+
+@command("whoisauditor", "the auto-recovery process that is the auditor now")
+def _whoisauditor(args: argparse.Namespace) -> int:
+    from zbk.metadata.coordination import current_leader
+
+    leader = current_leader(_store(args))
+    _out(args, {"auditor": leader}, lambda d: d["auditor"] or "(no auditor)")
+    return 0 if leader else 1
+
+
+@command("lostbookierecoverydelay", "lostbookierecoverydelay [SECONDS]: show or set the audit delay")
+def _lostbookierecoverydelay(args: argparse.Namespace) -> None:
+    from zbk.recovery.underreplication import get_recovery_delay, set_recovery_delay
+
+    store = _store(args)
+    if args.rest:
+        seconds = float(_int(_one(args, "[SECONDS]")))
+        if seconds < 0:
+            raise BadRequestError("the delay must be >= 0 seconds")
+        set_recovery_delay(store, seconds)
+    _out(args, {"lost_bookie_recovery_delay_s": get_recovery_delay(store)},
+         lambda d: f"{d['lost_bookie_recovery_delay_s']:g} s")
+
+
 # -- commands through the client ------------------------------------------------------------
 def _progress(args: argparse.Namespace, done: int, total: int, what: str) -> None:
     """A progress bar on stderr for long work (only on a terminal, never in --json)."""
