@@ -466,13 +466,17 @@ def _same_identity(a: cookies.Cookie, b: cookies.Cookie, *, check_incarnation: b
     return same and (not check_incarnation or a.incarnation == b.incarnation)
 
 
-def run_bookie(cfg: BookieConfig) -> int:
-    """`zbk bookie`: boot, serve until SIGTERM/SIGINT, stop cleanly. Returns the exit code."""
-    stop = threading.Event()
-    # Handlers first: a SIGTERM during boot or while waiting for an old registration lease
-    # must still end in a clean stop, not a default-action kill.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int:
+    """`zbk bookie`: boot, serve until SIGTERM/SIGINT, stop cleanly. Returns the exit code.
+    ``stop`` is set by the caller's signal handlers (installed before the heavy imports)."""
+    if stop is None:
+        stop = threading.Event()
+        # Handlers first: a SIGTERM during boot or while waiting for an old registration
+        # lease must still end in a clean stop, not a default-action kill.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if stop.is_set():
+        return 0  # asked to stop before anything was touched
     try:
         bookie = Bookie(cfg, stop_event=stop)
         bookie.boot()

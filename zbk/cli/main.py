@@ -23,13 +23,22 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _bookie(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    # Handlers before the heavy imports: a SIGTERM that arrives while the bookie is still
+    # starting (a supervisor stopping a just-restarted child) must end in a clean stop,
+    # not in the default action's kill.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     from zbk.actors.bookie import run_bookie
     from zbk.config import BookieConfig, load
 
     explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
                 "http_port": args.http_port}
     cfg = load(BookieConfig, path=args.config, overrides=args.set, explicit=explicit)
-    return run_bookie(cfg)
+    return run_bookie(cfg, stop=stop)
 
 
 class _Parser(argparse.ArgumentParser):
