@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -89,11 +91,43 @@ class SyncReadHandle:
 class SyncLedgerHandle(SyncReadHandle):
     _h: LedgerHandle
 
+    def __init__(self, lt: _LoopThread, handle: LedgerHandle) -> None:
+        super().__init__(lt, handle)
+        # Appends cross to the loop thread in batches: one wake-up of the loop carries every
+        # append queued since the last one (a wake-up per call costs a syscall and a Task).
+        self._queue: deque[tuple[bytes, concurrent.futures.Future[int]]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
     def append(self, payload: bytes) -> int:
         return self.append_async(payload).result()
 
     def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
-        return self._lt.submit(_await_append(self._h, payload))
+        """Entry ids follow call order; futures complete in entry order."""
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._lock:
+            self._queue.append((payload, fut))
+            wake = not self._scheduled
+            self._scheduled = True
+        if wake:
+            self._lt.loop.call_soon_threadsafe(self._drain)
+        return fut
+
+    def _drain(self) -> None:
+        """On the loop thread: hand every queued payload to the async handle, in order."""
+        with self._lock:
+            batch = list(self._queue)
+            self._queue.clear()
+            self._scheduled = False
+        for payload, fut in batch:
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                pending = self._h.append(payload)
+            except BaseException as e:  # noqa: BLE001 - delivered to the caller's future
+                fut.set_exception(e)
+                continue
+            pending.add_done_callback(functools.partial(_transfer, fut))
 
     def close(self) -> None:
         self._lt.run(self._h.close())
@@ -103,6 +137,15 @@ class SyncLedgerHandle(SyncReadHandle):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _transfer(target: concurrent.futures.Future[int], source: asyncio.Future[int]) -> None:
+    if source.cancelled():
+        target.cancel()
+    elif (e := source.exception()) is not None:
+        target.set_exception(e)
+    else:
+        target.set_result(source.result())
 
 
 class BookKeeper:
@@ -162,5 +205,3 @@ async def _anext(agen: AsyncIterator[LedgerEntry]) -> LedgerEntry:
     return await agen.__anext__()
 
 
-async def _await_append(h: LedgerHandle, payload: bytes) -> int:
-    return await h.append(payload)
