@@ -171,6 +171,13 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[
         length = (await handle.read_entry(max_lac)).ledger_length
     handle.lac = max_lac
     handle.next_entry_id = max_lac + 1
+    if max_lac + 1 < md.fragments[-1][0]:
+        # Recovery starts inside an earlier fragment (entries the writer resent after its
+        # last ensemble change carry a stale LAC). Write everything back to the last
+        # ensemble, whose failed bookies the handle can replace: a write-back stuck on a
+        # dead bookie of an older fragment would be waited for forever. Reads still use the
+        # fenced write sets, where the writer's copies are.
+        handle.md = md.with_fragment(max_lac + 1, md.last_ensemble)
     last = max_lac
     eid = max_lac + 1
     while True:
