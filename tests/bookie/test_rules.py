@@ -209,3 +209,22 @@ def test_sparse_ranged_read_returns_every_held_entry_of_the_range(bookies):
                                    flags=ReadFlag.SPARSE | ReadFlag.FENCE, master_key=MK))
         assert bad.status == Status.EBADREQ
     assert bk.stop() == 0
+
+
+def test_long_poll_answers_new_entries_or_times_out_with_the_lac(bookies):
+    bk = bookies()
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 9, [0, 1, 2]).status == Status.EOK  # entry 2 piggybacks LAC 1
+        poll = w.ReadRequest(rid=c.next_rid(), ledger_id=9, first_entry_id=0, count=10, flags=ReadFlag.LONG_POLL,
+                             previous_lac=1, timeout_ms=300)
+        r = c.call(poll)  # nothing beyond LAC 1 yet: times out, says so, and tells the LAC
+        assert r.status == Status.ENOENTRY and r.lac == 1 and not r.entries
+        c.send(w.ReadRequest(rid=c.next_rid(), ledger_id=9, first_entry_id=0, count=10, flags=ReadFlag.LONG_POLL,
+                             previous_lac=1, timeout_ms=5000))
+        assert add(c, 9, [3]).status == Status.EOK  # piggybacks LAC 2: wakes the poll
+        r = c.recv()
+        while not isinstance(r, w.ReadResponse):
+            r = c.recv()
+        assert r.status == Status.EOK and r.lac == 2 and check_payloads(r, 9) == [2]
+    assert bk.stop() == 0

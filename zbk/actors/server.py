@@ -402,7 +402,7 @@ class ServerCore:
     def _reply_read(self, ident: bytes, req: w.ReadRequest, blobs: list[bytes], *, lid_known: bool,
                     started: float, now: float | None = None) -> None:
         state = self.ledgers.get(req.ledger_id)
-        if blobs or (req.flags & w.ReadFlag.LONG_POLL):
+        if blobs:
             status = Status.EOK
         elif state is not None and state.limbo:
             status = Status.EUNKNOWN  # BP-46: we may have lost it, so we can not say "absent"
@@ -574,7 +574,8 @@ class ServerCore:
             keep = []
             for wt in state.waiters:
                 if wt.deadline <= now:
-                    self._finish_read(wt.ident, wt.req, Status.EOK, [], wt.started, now)
+                    # Nothing new in time: "entry previous_lac+1 is not here (yet)", with the LAC.
+                    self._reply_read(wt.ident, wt.req, [], lid_known=True, started=wt.started, now=now)
                 else:
                     keep.append(wt)
             state.waiters = keep

@@ -299,9 +299,10 @@ class ReadHandle:
                 bookie_i += 1
                 await asyncio.sleep(0.05)
                 continue
-            if resp.status == Status.EOK and resp.lac > self.lac:
-                self.lac = resp.lac
-            elif resp.status != Status.EOK:
+            lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
+            if lac > self.lac:
+                self.lac = lac
+            if resp.status not in (Status.EOK, Status.ENOENTRY):  # ENOENTRY: the poll timed out
                 bookie_i += 1
                 await asyncio.sleep(0.05)
 
