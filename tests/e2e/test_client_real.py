@@ -197,3 +197,26 @@ def test_two_concurrent_recoverers_agree(cluster):
         assert results[0] == results[1], results
         assert results[0][0] >= 499
         assert writer.ledger_metadata(lh.ledger_id).last_entry_id == results[0][0]
+
+
+def test_deferred_sync_force_makes_entries_durable_and_advances_the_lac(cluster):
+    c = cluster(3, flush_interval_ms=600_000)  # no checkpoints: durability comes from the journal
+    with zbk.BookKeeper(c.uri, config=FAST) as bk:
+        lh = bk.create_ledger(3, 3, 2, password=PW, deferred_sync=True)
+        futs = [lh.append_async(data(i)) for i in range(300)]
+        assert [f.result(30) for f in futs] == list(range(300))
+        assert lh.last_add_confirmed == -1, "deferred entries are not confirmed to readers before force()"
+        assert lh.force() == 299
+        assert lh.last_add_confirmed == 299
+        lid = lh.ledger_id
+        for b in c.bookies:  # every forced entry survives kill -9 of every bookie
+            b.kill9()
+        for b in c.bookies:
+            b.start(wait=False)
+        for b in c.bookies:
+            b.wait_ready()
+        rh = bk.open_ledger(lid, password=PW)
+        assert rh.metadata.last_entry_id >= 299
+        assert [e.payload for e in rh.read(0, 299)] == [data(i) for i in range(300)]
+        with pytest.raises(LedgerFencedError):
+            lh.append(data(300))

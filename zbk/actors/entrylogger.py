@@ -15,6 +15,7 @@ from zbk.actors.messages import (
     AppendBatch,
     Appended,
     CheckpointReady,
+    ForceJournal,
     CompactChunk,
     CompactLog,
     DeleteLogs,
@@ -77,6 +78,10 @@ class EntryLoggerCore:
             # record was sent: make those entries durable in the logs, then let the index go.
             self.logs.flush()
             self.outbox.send("server", CheckpointReady(msg.cp_id, msg.mark))
+        elif isinstance(msg, ForceJournal):
+            if msg.flush_logs:  # journal data off: the logs are where durability comes from
+                self.logs.flush()
+            self.outbox.send("journal", msg)
         elif isinstance(msg, WriteClose):
             self.logs.write_close(msg.ledger_id)
         elif isinstance(msg, UsageRequest):

@@ -67,9 +67,12 @@ class JournalMeta:
 
 @dataclass(slots=True)
 class ForceJournal:
-    """FORCE_LEDGER: acknowledge once everything received so far is fsynced."""
+    """FORCE_LEDGER: acknowledge once everything received so far is fsynced. Sent by the
+    Server through the EntryLogger, so it reaches the journal behind the records of every
+    earlier add; with journal data off the EntryLogger fsyncs its logs first."""
 
     batch_id: int
+    flush_logs: bool = False
 
 
 @dataclass(slots=True)

@@ -267,7 +267,9 @@ class ServerCore:
         state = self._ensure_ledger(lid, req.master_key, meta)
         batch = self._next()
         assert self.outbox is not None
-        need_sync = self.journal_write_data
+        # DEFERRED_SYNC: acknowledged once appended; durable after the next group commit,
+        # and certainly after a FORCE_LEDGER (which queues behind this add's records).
+        need_sync = self.journal_write_data and not (req.flags & w.AddFlag.DEFERRED_SYNC)
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
@@ -481,7 +483,7 @@ class ServerCore:
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
         assert self.outbox is not None
-        self.outbox.send("journal", ForceJournal(batch))
+        self.outbox.send("entrylogger", ForceJournal(batch, flush_logs=not self.journal_write_data))
 
     def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
         if self._known(ident, req, req.master_key) is None:

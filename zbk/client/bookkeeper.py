@@ -144,7 +144,8 @@ class AsyncBookKeeper:
     # -- ledgers ------------------------------------------------------------------------------
     async def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
                             password: bytes = b"", digest: str = "crc32c",
-                            custom_metadata: dict[str, bytes] | None = None) -> LedgerHandle:
+                            custom_metadata: dict[str, bytes] | None = None,
+                            deferred_sync: bool = False) -> LedgerHandle:
         ctx = self._ctx()
         bookies = await ctx.writable_bookies()
         chosen = ctx.placement.choose_ensemble(bookies, ensemble)
@@ -153,7 +154,7 @@ class AsyncBookKeeper:
                             custom_metadata={k: bytes(v) for k, v in (custom_metadata or {}).items()},
                             ctime_ms=int(time.time() * 1000)).validate()
         md, version = await asyncio.to_thread(ctx.ledgers.create, md)
-        return LedgerHandle(ctx, md, version, bytes(password))
+        return LedgerHandle(ctx, md, version, bytes(password), deferred_sync=deferred_sync)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         """With recovery (default): fence and recover, then read the closed ledger. Without:

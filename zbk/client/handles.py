@@ -339,9 +339,13 @@ class LedgerHandle(ReadHandle):
     """The single writer of a ledger (also readable up to its own LAC)."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, version: int, password: bytes, *,
-                 recovery: bool = False) -> None:
+                 recovery: bool = False, deferred_sync: bool = False) -> None:
         super().__init__(ctx, md, version, password)
         self.recovery = recovery  # recovery adds (used by ledger recovery and re-replication)
+        # DEFERRED_SYNC: appends complete once AQ bookies have them (not yet fsynced); the LAC,
+        # all that readers may see, advances only when force() made them durable.
+        self.deferred_sync = deferred_sync and not recovery
+        self.last_confirmed = -1  # highest entry confirmed by AQ acks (== lac unless deferred)
         self.next_entry_id = 0 if md.last_entry_id < 0 or md.is_closed else md.last_entry_id + 1
         self.length = 0  # confirmed bytes
         self.pushed_length = 0
@@ -414,6 +418,8 @@ class LedgerHandle(ReadHandle):
     async def _send(self, bookie: str, adds: list[_Add]) -> None:
         t = self.ctx.transport
         flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
+        if self.deferred_sync:
+            flags |= AddFlag.DEFERRED_SYNC
         req = w.AddRequest(rid=t.next_rid(), ledger_id=self.ledger_id, master_key=self.master_key, flags=flags,
                            entries=[a.blob for a in adds])
         try:
@@ -439,7 +445,9 @@ class LedgerHandle(ReadHandle):
         while self.pending and len(self.pending[0].acked) >= aq:
             a = self.pending.popleft()
             self._changes_without_progress = 0
-            self.lac = a.entry_id
+            self.last_confirmed = a.entry_id
+            if not self.deferred_sync:
+                self.lac = a.entry_id
             self.length += a.size
             cm.ADD_ENTRY_SECONDS.observe(now - a.started)
             if not a.future.done():
@@ -537,6 +545,8 @@ class LedgerHandle(ReadHandle):
         await self._drained.wait()
         if self.failed is not None and not isinstance(self.failed, LedgerFencedError):
             raise self.failed
+        if self.deferred_sync and self.failed is None:
+            await self.force()  # close only at a durable LAC
         md, version = self.md, self.version
         while True:
             if md.is_closed:
@@ -555,6 +565,33 @@ class LedgerHandle(ReadHandle):
         self.md, self.version = md, version
         self.lac = md.last_entry_id
         self.ctx.send_write_close(self.md, self.master_key)
+
+    async def force(self) -> int:
+        """Make every entry confirmed so far durable (FORCE_LEDGER to the bookies that hold
+        them) and advance the LAC to it. A no-op for ledgers written without DEFERRED_SYNC,
+        whose entries are durable when confirmed. Raises if any of those bookies fails; the
+        LAC then stays where it was."""
+        target = self.last_confirmed
+        if not self.deferred_sync or target <= self.lac:
+            return self.lac
+        md = self.md
+        first_frag = _fragment_index(md, self.lac + 1)
+        bookies = {b for _, ens in md.fragments[first_frag:] for b in ens}
+        t = self.ctx.transport
+
+        async def one(bookie: str) -> None:
+            resp = await t.request(bookie, w.ForceLedgerRequest(rid=t.next_rid(), ledger_id=self.ledger_id),
+                                   self.ctx.add_timeout_s)
+            if resp.status != Status.EOK:
+                raise error_for_status(resp.status, f"{bookie}: FORCE_LEDGER of ledger {self.ledger_id}")
+
+        results = await asyncio.gather(*(one(b) for b in bookies), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise BookieUnavailableError(f"ledger {self.ledger_id}: force failed on {len(errors)} bookie(s): "
+                                         f"{errors[0]}")
+        self.lac = max(self.lac, target)
+        return self.lac
 
     async def wait_tasks(self) -> None:
         if self._tasks:

@@ -129,6 +129,10 @@ class SyncLedgerHandle(SyncReadHandle):
                 continue
             pending.add_done_callback(functools.partial(_transfer, fut))
 
+    def force(self) -> int:
+        """DEFERRED_SYNC ledgers: make every confirmed entry durable; returns the new LAC."""
+        return self._lt.run(self._h.force())
+
     def close(self) -> None:
         self._lt.run(self._h.close())
 
@@ -166,9 +170,10 @@ class BookKeeper:
 
     def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
                       password: bytes = b"", digest: str = "crc32c",
-                      custom_metadata: dict[str, bytes] | None = None) -> SyncLedgerHandle:
+                      custom_metadata: dict[str, bytes] | None = None,
+                      deferred_sync: bool = False) -> SyncLedgerHandle:
         h = self._lt.run(self._abk.create_ledger(ensemble, write_quorum, ack_quorum, password=password, digest=digest,
-                                                 custom_metadata=custom_metadata))
+                                                 custom_metadata=custom_metadata, deferred_sync=deferred_sync))
         return SyncLedgerHandle(self._lt, h)
 
     def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> SyncReadHandle:
