@@ -5,7 +5,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONUNBUFFERED=1
 set +e
-.venv/bin/python -m pytest -q --timeout=600 "$@"
+# --tb=native: pytest's own traceback renderer can hit a CPython 3.11 bug (gh-106905,
+# "AST constructor recursion depth mismatch") and hide the real failure.
+.venv/bin/python -m pytest -q --timeout=600 --tb=native "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

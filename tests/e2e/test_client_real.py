@@ -47,6 +47,12 @@ def test_write_through_a_bookie_kill(cluster):
         c.by_id(victim).kill9()
         futs = [lh.append_async(data(i)) for i in range(10_000, 20_000)]
         assert [f.result(60) for f in futs] == list(range(10_000, 20_000))
+        # Entries reach AQ on the two live bookies before the dead one is declared failed, so
+        # the ensemble change may land just after the last future completes: wait for it.
+        deadline = time.monotonic() + 15
+        while len(lh.metadata.fragments) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # and give a (wrong) second change the chance to show up
         md = lh.metadata
         assert len(md.fragments) == 2, f"expected exactly one ensemble change: {md.ensembles}"
         assert victim not in md.fragments[1][1]

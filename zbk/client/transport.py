@@ -49,7 +49,6 @@ class _Peer:
         self.sock.connect(f"tcp://{bookie}")
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self.reader: asyncio.Task[None] | None = None
-        self.answered = False  # has this bookie ever answered? (then EAGAIN means it is gone)
 
 
 class ZmqTransport:
@@ -91,7 +90,6 @@ class ZmqTransport:
                 if e.rid is not None and (fut := p.waiting.pop(e.rid, None)) and not fut.done():
                     fut.set_exception(BookieUnavailableError(f"{p.bookie}: bad response ({e})"))
                 continue
-            p.answered = True
             fut = p.waiting.pop(resp.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(resp)
@@ -119,7 +117,10 @@ class ZmqTransport:
         # of queueing for a corpse. Always DONTWAIT, and never poll(POLLOUT) on the async
         # socket: pyzmq queues a send behind a pending poll future and ignores DONTWAIT then,
         # which hung a recovery on a SIGSTOPped bookie.
-        deadline = time.monotonic() + min(timeout_s, 0.1 if p.answered else 1.0)
+        # Up to 1 s for a (re)connection: a restarted bookie is reached again after ZeroMQ's
+        # reconnect interval plus a handshake; failing sooner turned a bookie restart into an
+        # ensemble change (and, with no spare bookie, into a failed recovery).
+        deadline = time.monotonic() + min(timeout_s, 1.0)
         while True:
             try:
                 # Resolves at once, since no send future is ever left waiting on this socket.
@@ -130,6 +131,8 @@ class ZmqTransport:
                     self.failed_at[p.bookie] = time.monotonic()
                     raise BookieUnavailableError(f"bookie {p.bookie} is not connected") from None
                 await asyncio.sleep(0.01)
+            except zmq.ZMQError as e:  # the socket was closed under us (client shutting down)
+                raise BookieUnavailableError(f"bookie {p.bookie}: {e}") from None
         return await fut
 
     async def close(self) -> None:
