@@ -16,8 +16,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hypothesis  # noqa: F401 - see below
 import pytest
 from helpers.etcd import ETCD_BIN, EtcdCluster
+
+# Hypothesis is imported here, at collection, on purpose: its pytest plugin otherwise imports
+# it at session end, through pytest's assertion rewriter, where CPython 3.11's ast.parse can
+# raise "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905) and
+# turn a green run into an INTERNALERROR.
 
 EtcdClusterFactory = Callable[..., EtcdCluster]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import threading
 from collections import deque
@@ -37,6 +38,10 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
+        # Cancel what is still running (a tail's long poll, an advisory write-close) so that
+        # nothing is destroyed pending when the loop goes away.
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         if not self.thread.is_alive():
@@ -200,6 +205,13 @@ class BookKeeper:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _collect(agen: AsyncIterator[LedgerEntry]) -> list[LedgerEntry]:
