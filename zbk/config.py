@@ -13,7 +13,7 @@ import os
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from zbk import limits
@@ -175,7 +175,6 @@ class AutoRecoveryConfig:
     replicator_workers: int = 1
     replication_rate_bytes: int = 64 * 1024 * 1024
     admin_token: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> AutoRecoveryConfig:
         if not self.metadata_uri:

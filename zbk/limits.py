@@ -41,7 +41,6 @@ index_page_entries = 1024  # slots per index page
 metadata_list_page_keys = 1000
 metadata_lease_ttl_s_default = 10
 metadata_retry_attempts_max = 20
-ledger_ids_per_allocation = 1
 watch_changelog_revisions_kept = 100_000  # embedded store: change log kept for watches
 
 # --- client -----------------------------------------------------------------------------

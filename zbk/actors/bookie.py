@@ -39,13 +39,14 @@ from zbk.actors.journal import JournalCore
 from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
 from zbk.actors.messages import GcTrigger
 from zbk.actors.server import LedgerState, ServerCore
+from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
 from zbk.errors import CookieMismatchError, KeyExistsError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
-from zbk.metadata.registry import BookieRegistration, LedgerStore, register_bookie
+from zbk.metadata.registry import BookieRegistration, LedgerStore, get_or_create_instance_id, register_bookie
 from zbk.metadata.store import MetadataStore, iter_prefix
 from zbk.metadata.uri import open_store
 from zbk.metrics.http import AdminHttpServer
@@ -99,7 +100,7 @@ class Bookie:
     def _check_cookies(self) -> bool:
         """Returns True when the cookie was fixed (phase one needed); raises on mismatch."""
         cfg = self.cfg
-        instance_id = _instance_id(self.store)
+        instance_id = get_or_create_instance_id(self.store)
         key = layout.cookie_key(cfg.bookie_id)
         stored = self.store.get(key)
         dirs = self._all_dirs()
@@ -210,7 +211,6 @@ class Bookie:
     def _phase_one(self) -> int:
         """BP-46 phase one: fence and limbo every non-closed ledger with us in an ensemble."""
         me = self.cfg.bookie_id
-        ledgers = LedgerStore(self.store)
         count = 0
         for kv in iter_prefix(self.store, layout.LEDGERS):
             lid = layout.ledger_id_from_key(kv.key)
@@ -224,10 +224,8 @@ class Bookie:
             self.cache.set_fenced(lid, True)
             self.cache.set_limbo(lid, True)
             if self.cache.get_master_key(lid) is None:
-                from zbk.client.digest import master_key
                 self.cache.set_master_key(lid, master_key(md.password))
             count += 1
-        del ledgers
         self.cache.flush()  # durable before we register and serve
         return count
 
@@ -451,12 +449,6 @@ class Bookie:
             self.ctx.destroy(0)
         self.store.close()
         log.info("bookie %s stopped cleanly", self.cfg.bookie_id)
-
-
-def _instance_id(store: MetadataStore) -> str:
-    from zbk.metadata.registry import get_or_create_instance_id
-
-    return get_or_create_instance_id(store)
 
 
 def _same_identity(a: cookies.Cookie, b: cookies.Cookie, *, check_incarnation: bool = True) -> bool:

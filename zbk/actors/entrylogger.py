@@ -15,10 +15,10 @@ from zbk.actors.messages import (
     AppendBatch,
     Appended,
     CheckpointReady,
-    ForceJournal,
     CompactChunk,
     CompactLog,
     DeleteLogs,
+    ForceJournal,
     JournalAppend,
     LiveCheck,
     LiveResult,
@@ -31,8 +31,6 @@ from zbk.actors.messages import (
     ReadResult,
     Relocate,
     StartCheckpoint,
-    UsageReport,
-    UsageRequest,
     WriteClose,
 )
 from zbk.errors import CorruptDataError, ZbkError
@@ -84,8 +82,6 @@ class EntryLoggerCore:
             self.outbox.send("journal", msg)
         elif isinstance(msg, WriteClose):
             self.logs.write_close(msg.ledger_id)
-        elif isinstance(msg, UsageRequest):
-            self.outbox.send("gc", UsageReport(msg.ctx, self.logs.usage()))
         elif isinstance(msg, (LogStatsRequest, DeleteLogs, CompactLog, CompactChunk, LiveResult)):
             self._on_gc(msg)
         else:

@@ -27,7 +27,7 @@ Who sends what to whom, and why the order is safe:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -191,16 +191,6 @@ class CheckpointDone:
     mark: tuple[int, int]
     index_bytes: int = 0
 
-
-@dataclass(slots=True)
-class UsageRequest:
-    ctx: int
-
-
-@dataclass(slots=True)
-class UsageReport:
-    ctx: int
-    usage: dict[int, dict[int, int]] = field(default_factory=dict)
 
 
 # -- garbage collection (zbk/actors/gc.py explains the flow and why each hop is ordered) ----

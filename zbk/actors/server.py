@@ -122,7 +122,7 @@ class ServerCore:
         self.on_state_change = on_state_change
         self.seq = 0
         self.adds: dict[int, PendingAdd] = {}
-        self.meta_waiters: dict[int, PendingRead | tuple[bytes, Any, float]] = {}
+        self.meta_waiters: dict[int, PendingRead] = {}
         self.reads: dict[int, PendingRead] = {}
         self.disk_usage = (0, 0)
         self.polling: set[int] = set()  # ledgers with long-poll waiters
@@ -348,17 +348,14 @@ class ServerCore:
         self.outbox.send("entrylogger", WriteClose(lid))
         return False
 
-    def _after_meta_synced(self, waiter: Any, now: float) -> None:
-        if isinstance(waiter, PendingRead):
-            req = waiter.req
-            if isinstance(req, w.ReadRequest):
-                self._start_read(waiter.ident, req, waiter.started)
-            elif isinstance(req, w.ReadLacRequest):
-                self._reply_lac(waiter.ident, req)
-            else:  # WriteLac / Force: plain acknowledgement
-                self._ok(waiter.ident, req)
-        else:
-            raise AssertionError(waiter)
+    def _after_meta_synced(self, waiter: PendingRead, now: float) -> None:
+        req = waiter.req
+        if isinstance(req, w.ReadRequest):
+            self._start_read(waiter.ident, req, waiter.started)
+        elif isinstance(req, w.ReadLacRequest):
+            self._reply_lac(waiter.ident, req)
+        else:  # WriteLac / Force: plain acknowledgement
+            self._ok(waiter.ident, req)
 
     def _on_read(self, ident: bytes, req: w.ReadRequest, now: float) -> None:
         if req.flags & w.ReadFlag.FENCE:
@@ -556,9 +553,6 @@ class ServerCore:
     def _on_admin(self, msg: tuple[Any, ...]) -> None:
         if msg[1] == "read_only":
             self.set_forced_read_only(bool(msg[2]))
-        elif msg[1] == "disk":
-            _, _, used, total, threshold, warn = msg
-            self.set_disk_usage(used, total, threshold=threshold, warn_threshold=warn)
         elif msg[1] == "clear_limbo":
             state = self.ledgers.get(msg[2])
             if state is not None and state.limbo:

@@ -22,9 +22,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zbk import limits
 from zbk.client import metrics as cm
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 NO_FLAGS = ReadFlag(0)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +408,7 @@ class LedgerHandle(ReadHandle):
                     a.sent.add(b)
                     by_bookie.setdefault(b, []).append(a)
         for b, adds in by_bookie.items():
-            for chunk in _chunks(adds, limits.entries_per_add_request_max, limits.frame_bytes_max_default // 2):
+            for chunk in add_batches(adds, _blob_size, limits.frame_bytes_max_default // 2):
                 self._spawn(self._send(b, chunk))
 
     def _spawn(self, coro: Any) -> None:
@@ -593,18 +594,21 @@ class LedgerHandle(ReadHandle):
         self.lac = max(self.lac, target)
         return self.lac
 
-    async def wait_tasks(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+def _blob_size(a: _Add) -> int:
+    return len(a.blob)
 
 
-def _chunks(adds: list[_Add], n_max: int, bytes_max: int) -> list[list[_Add]]:
-    out: list[list[_Add]] = [[]]
-    size = 0
-    for a in adds:
-        if out[-1] and (len(out[-1]) >= n_max or size + len(a.blob) > bytes_max):
+def add_batches(items: list[T], size: Callable[[T], int], bytes_max: int,
+                n_max: int = limits.entries_per_add_request_max) -> list[list[T]]:
+    """Split ``items`` into ADD_ENTRY requests of at most ``n_max`` entries and about
+    ``bytes_max`` bytes (an entry larger than that goes alone)."""
+    out: list[list[T]] = [[]]
+    total = 0
+    for item in items:
+        n = size(item)
+        if out[-1] and (len(out[-1]) >= n_max or total + n > bytes_max):
             out.append([])
-            size = 0
-        out[-1].append(a)
-        size += len(a.blob)
-    return out
+            total = 0
+        out[-1].append(item)
+        total += n
+    return [c for c in out if c]

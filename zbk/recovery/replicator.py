@@ -36,6 +36,7 @@ from zbk import limits
 from zbk.client import placement
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest, master_key
+from zbk.client.handles import add_batches
 from zbk.client.recovery import recover
 from zbk.errors import (
     BookieUnavailableError,
@@ -256,7 +257,7 @@ class Replicator:
         for start in range(0, len(entries), copy_batch_entries_max):
             batch = entries[start:start + copy_batch_entries_max]
             blobs = await asyncio.gather(*(self._read_copy(md, e, digest, avoid) for e in batch))
-            for chunk in _chunks(blobs, copy_batch_bytes_max):
+            for chunk in add_batches(blobs, len, copy_batch_bytes_max):
                 await self.rate.acquire(sum(len(b) for b in chunk))
                 await self._write(md.ledger_id, key, target, chunk)
             rm.REPLICATOR_ENTRIES_COPIED.inc(len(batch))
@@ -294,16 +295,3 @@ class Replicator:
         if resp.status != Status.EOK:
             raise error_for_status(resp.status, f"{target}: recovery add to ledger {ledger_id}")
 
-
-def _chunks(blobs: list[bytes], bytes_max: int) -> list[list[bytes]]:
-    """Split into requests of at most ``entries_per_add_request_max`` entries and about
-    ``bytes_max`` bytes (one oversized entry goes alone)."""
-    out: list[list[bytes]] = [[]]
-    size = 0
-    for b in blobs:
-        if out[-1] and (len(out[-1]) >= limits.entries_per_add_request_max or size + len(b) > bytes_max):
-            out.append([])
-            size = 0
-        out[-1].append(b)
-        size += len(b)
-    return [c for c in out if c]
