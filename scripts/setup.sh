@@ -8,6 +8,10 @@ apt_install() {
   local need=()
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  # Java for local Spark (the spark extra's tests); only when the spark extra is asked for.
+  case ",${ZBK_EXTRAS:-dev}," in
+    *,spark,*) command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless) ;;
+  esac
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]} (apt)"
     local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

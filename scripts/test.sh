@@ -2,7 +2,11 @@
 # Sets up (scripts/setup.sh) and runs the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The whole suite includes the Spark data source tests: the spark extra and Java.
+export ZBK_EXTRAS=${ZBK_EXTRAS:-dev,spark}
 bash scripts/setup.sh
+# Local Spark binds the driver to loopback, never to a public interface.
+export SPARK_LOCAL_IP=127.0.0.1
 export PYTHONUNBUFFERED=1
 set +e
 # --tb=native: pytest's own traceback renderer can hit a CPython 3.11 bug (gh-106905,
