@@ -182,6 +182,8 @@ class AutoRecoveryConfig:
         _port("http_port", self.http_port)
         _positive("lease_ttl_s", self.lease_ttl_s)
         _non_negative("lost_bookie_recovery_delay_s", self.lost_bookie_recovery_delay_s)
+        _non_negative("open_ledger_rereplication_grace_period_s", self.open_ledger_rereplication_grace_period_s)
+        _positive("auditor_periodic_check_interval_s", self.auditor_periodic_check_interval_s)
         _positive("replicator_workers", self.replicator_workers)
         _positive("replication_rate_bytes", self.replication_rate_bytes)
         return self

@@ -11,6 +11,7 @@ import urllib.request
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore, list_bookies
 from zbk.metadata.uri import open_store
+from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire import messages as w
 from zbk.wire.ops import AddFlag, ReadFlag
 from zbk.wire.status import Status
@@ -92,6 +93,28 @@ def test_journal_off_kill9_makes_open_ledgers_fenced_and_limbo(bookies):
         assert read(c, closed_md.ledger_id, 3).status in (Status.ENOENTRY, Status.ENOLEDGER)
         assert add(c, lid, [0], flags=AddFlag.RECOVERY_ADD).status == Status.EOK
         assert check_payloads(read(c, lid, 0), lid) == [0]
+    # Phase two is asked for in the metadata: one repair mark, for the limbo ledger only.
+    marks = UnderReplicationRegistry(store, "test").list_repairs()
+    assert [(m.ledger_id, m.bookie_id, m.why) for m in marks] == [(lid, bk.bookie_id, "limbo")]
+    # CLEAR_LIMBO (what the repairer sends once the ledger is whole here) needs the key and
+    # is journaled: after the ledger is closed (phase one leaves closed ledgers alone) and a
+    # kill -9, the bookie comes back with no limbo ledger.
+    ledgers.write(open_md.closed(0, 0), ledgers.read(lid)[1])
+    with bk.connect() as c:
+        bad = c.call(w.ClearLimboRequest(rid=c.next_rid(), ledger_id=lid, master_key=b"\x09" * 32))
+        assert bad.status == Status.EUA
+        assert c.call(w.BookieInfoRequest(rid=c.next_rid())).limbo_ledgers == 1
+        ok = c.call(w.ClearLimboRequest(rid=c.next_rid(), ledger_id=lid, master_key=MK))
+        assert ok.status == Status.EOK
+        assert c.call(w.BookieInfoRequest(rid=c.next_rid())).limbo_ledgers == 0
+        assert read(c, lid, 3).status == Status.ENOENTRY, "out of limbo: an explicit negative again"
+        unknown = c.call(w.ClearLimboRequest(rid=c.next_rid(), ledger_id=999_999, master_key=MK))
+        assert unknown.status == Status.ENOLEDGER
+    bk.kill9()
+    bk.start()
+    with bk.connect() as c:
+        assert c.call(w.BookieInfoRequest(rid=c.next_rid())).limbo_ledgers == 0
+        assert add(c, lid, [1]).status == Status.EFENCED, "the fence stays"
     assert bk.stop() == 0
     store.close()
 

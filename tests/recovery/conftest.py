@@ -74,8 +74,9 @@ class RecoveryCluster:
         self.bookies: list[BookieProcess] = []
         self.autorecovery: list[AutoRecoveryProcess] = []
 
-    def start_bookies(self, n: int) -> list[BookieProcess]:
-        new = [BookieProcess(self.root, self.uri, name=f"b{len(self.bookies) + i}") for i in range(n)]
+    def start_bookies(self, n: int, settings: dict[str, object] | None = None) -> list[BookieProcess]:
+        new = [BookieProcess(self.root, self.uri, name=f"b{len(self.bookies) + i}", settings=settings)
+               for i in range(n)]
         self.bookies += new
         for b in new:
             b.start(wait=False)

@@ -12,7 +12,8 @@ Boot (ARCHITECTURE.md "Boot sequence", BP-46), all before any request is served:
    (With the journal on and synced, replay restores every acknowledged add, so fencing
    every open ledger after each crash would only break healthy writers.)
 5. Start the actors, bind the port, register as writable (lease-bound) and serve.
-Phase two (limbo repair) is replicator work: see zbk/recovery.
+6. Phase two (limbo repair) is replicator work: at every boot the bookie writes a repair
+   mark for each ledger still in limbo here; see zbk/recovery/repair.py.
 
 Exit codes: 0 clean stop; EXIT_COOKIE (4) cookie mismatch; EXIT_BOOT (5) any other boot
 failure (corrupt journal, unreachable metadata...); 10 + n when actor n crashed.
@@ -166,6 +167,7 @@ class Bookie:
         phase_one = 0
         if cookie_fixed or (unclean and not durable_adds):
             phase_one = self._phase_one()
+        self._publish_limbo_marks()
         self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one)
         log.info("boot: unclean=%s cookie_fixed=%s replayed=%d phase_one_ledgers=%d",
                  unclean, cookie_fixed, replayed, phase_one)
@@ -228,6 +230,20 @@ class Bookie:
             count += 1
         self.cache.flush()  # durable before we register and serve
         return count
+
+    def _publish_limbo_marks(self) -> int:
+        """Ask for phase two: a repair mark per ledger in limbo here, at every boot (so a
+        crash between phase one and the marks, or a mark lost otherwise, is made good by the
+        next boot). The autorecovery replicators recover each, copy what this bookie lacks,
+        and clear its limbo with CLEAR_LIMBO."""
+        from zbk.recovery.underreplication import UnderReplicationRegistry
+
+        limbo = [lid for lid in self.cache.ledgers() if self.cache.is_limbo(lid)]
+        if limbo:
+            registry = UnderReplicationRegistry(self.store, self.cfg.bookie_id)
+            new = sum(registry.mark_repair(lid, self.cfg.bookie_id, "limbo") for lid in limbo)
+            log.info("boot: %d ledger(s) in limbo; %d new repair mark(s) for phase two", len(limbo), new)
+        return len(limbo)
 
     def _ledger_states(self) -> dict[int, LedgerState]:
         states: dict[int, LedgerState] = {}

@@ -211,6 +211,8 @@ class ServerCore:
             resp = w.WriteCloseResponse(rid=rid, status=status, ledger_id=lid)
         elif isinstance(req, w.ListEntriesRequest):
             resp = w.ListEntriesResponse(rid=rid, status=status, ledger_id=lid)
+        elif isinstance(req, w.ClearLimboRequest):
+            resp = w.ClearLimboResponse(rid=rid, status=status, ledger_id=lid)
         else:
             resp = w.ErrorResponse(rid=rid, status=status)
         self.reply(ident, encode(resp))
@@ -507,6 +509,28 @@ class ServerCore:
         assert self.outbox is not None
         self.outbox.send("index", ListEntries(ctx, req.ledger_id))
 
+    def _on_clear_limbo(self, ident: bytes, req: w.ClearLimboRequest, now: float) -> None:
+        """BP-46 phase two finished for this ledger here (the repairer recovered it and
+        copied every entry this bookie lacked): clear limbo, journaled and fsynced before
+        the answer, so a restart never brings back a limbo the repairer saw cleared."""
+        state = self._known(ident, req, req.master_key)
+        if state is None:
+            return
+        if not state.limbo:
+            self._ok(ident, req)
+            return
+        batch = self._next()
+        self.meta_waiters[batch] = PendingRead(ident, req, now)
+        self._clear_limbo(req.ledger_id, state, batch)
+
+    def _clear_limbo(self, lid: int, state: LedgerState, batch: int) -> None:
+        state.limbo = False
+        assert self.outbox is not None
+        self.outbox.send("index", HeaderUpdate(lid, limbo=False))
+        # A LIMBO record with entry id 0 clears limbo at replay (1 sets it).
+        self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.LIMBO), lid, 0, b"")]))
+        self._publish_counts()
+
     def _on_entry_list(self, msg: EntryList, now: float) -> None:
         p = self.reads.pop(msg.ctx)
         state = self.ledgers.get(msg.ledger_id)
@@ -526,6 +550,7 @@ class ServerCore:
         w.WriteCloseRequest: _on_write_close,
         w.BookieInfoRequest: _on_info,
         w.ListEntriesRequest: _on_list_entries,
+        w.ClearLimboRequest: _on_clear_limbo,
     }
 
     # -- messages from the other actors ----------------------------------------------------
@@ -556,10 +581,7 @@ class ServerCore:
         elif msg[1] == "clear_limbo":
             state = self.ledgers.get(msg[2])
             if state is not None and state.limbo:
-                state.limbo = False
-                assert self.outbox is not None
-                self.outbox.send("index", HeaderUpdate(msg[2], limbo=False))
-                self._publish_counts()
+                self._clear_limbo(msg[2], state, self._next())  # nobody waits for its fsync
         else:
             raise AssertionError(msg)
 
@@ -611,7 +633,7 @@ class ServerCore:
 _OP_NAMES: dict[type, str] = {
     w.AddRequest: "add", w.ReadRequest: "read", w.ReadLacRequest: "read_lac", w.WriteLacRequest: "write_lac",
     w.ForceLedgerRequest: "force_ledger", w.WriteCloseRequest: "write_close", w.BookieInfoRequest: "bookie_info",
-    w.ListEntriesRequest: "list_entries",
+    w.ListEntriesRequest: "list_entries", w.ClearLimboRequest: "clear_limbo",
 }
 
 

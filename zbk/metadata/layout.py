@@ -14,7 +14,11 @@ LEDGERS = "ledgers/"
 IDGEN_LEDGER = "idgen/ledger"
 UNDERREPLICATED_LEDGERS = "underreplication/ledgers/"
 UNDERREPLICATED_LOCKS = "underreplication/locks/"
+# In-place repairs: one bookie's copy of a ledger lacks entries it should hold (BP-46 limbo
+# after an unclean shutdown, or damage found by the auditor's periodic check).
+REPAIRS = "underreplication/repairs/"
 AUDITOR_LEADER = "auditor/leader"
+AUDITOR_TRIGGER = "auditor/trigger"  # written by `zbk shell triggeraudit`: run the periodic check now
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
 
 LEDGER_ID_MAX = (1 << 63) - 1
@@ -48,3 +52,15 @@ def underreplicated_key(ledger_id: int) -> str:
 
 def underreplicated_lock_key(ledger_id: int) -> str:
     return f"{UNDERREPLICATED_LOCKS}{ledger_id:020d}"
+
+
+def repair_key(ledger_id: int, bookie_id: str) -> str:
+    assert "/" not in bookie_id, bookie_id
+    return f"{REPAIRS}{ledger_id:020d}/{bookie_id}"
+
+
+def repair_from_key(key: str) -> tuple[int, str]:
+    """(ledger id, bookie id) of a repair mark's key."""
+    assert key.startswith(REPAIRS), key
+    lid, _, bookie = key[len(REPAIRS):].partition("/")
+    return int(lid), bookie

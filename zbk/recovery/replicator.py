@@ -21,6 +21,10 @@ that workers spread out:
 5. Remove the mark, only at the version read in step 1 and only if no fragment names a
    lost bookie any more. Release the lock. A failure backs the ledger off and releases it.
 
+Workers also take the in-place repair marks (``underreplication/repairs/``: limbo ledgers
+after BP-46 phase one, replicas the periodic check found damaged) under the same per-ledger
+lock and back-off: see :mod:`zbk.recovery.repair`.
+
 Workers run as asyncio tasks that share one client context (one DEALER per bookie).
 """
 
@@ -32,54 +36,27 @@ import random
 import time
 from dataclasses import dataclass
 
-from zbk import limits
 from zbk.client import placement
 from zbk.client.bookkeeper import ClientContext
-from zbk.client.digest import Digest, master_key
-from zbk.client.handles import add_batches
 from zbk.client.recovery import recover
 from zbk.errors import (
     BookieUnavailableError,
-    DigestMismatchError,
     MetadataVersionError,
     NoSuchLedgerError,
     ZbkError,
-    error_for_status,
 )
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import list_bookies
 from zbk.recovery import metrics as rm
-from zbk.recovery.underreplication import UnderReplicatedLedger, UnderReplicationRegistry
-from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
-from zbk.wire.ops import AddFlag
-from zbk.wire.status import Status
+from zbk.recovery.copier import EntryCopier, RateLimiter
+from zbk.recovery.repair import InPlaceRepairer
+from zbk.recovery.underreplication import RepairMark, UnderReplicatedLedger, UnderReplicationRegistry
 
 log = logging.getLogger(__name__)
 
-copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
-copy_batch_bytes_max = limits.frame_bytes_max_default // 2
 idle_poll_interval_s = 0.5  # how often an idle worker looks for marks
 backoff_s_min = 0.5
 backoff_s_max = 30.0
-
-
-class RateLimiter:
-    """Bytes per second shared by a process's workers, so that re-replication does not
-    starve the bookies' client traffic (``replication_rate_bytes``). A request is let
-    through at once and the next one waits for its debt: no request is ever split."""
-
-    def __init__(self, bytes_per_s: float) -> None:
-        assert bytes_per_s > 0, bytes_per_s
-        self.bytes_per_s = bytes_per_s
-        self._free_at = 0.0  # monotonic time from which the next request may go
-
-    async def acquire(self, nbytes: int) -> None:
-        now = time.monotonic()
-        start = max(now, self._free_at)
-        self._free_at = start + nbytes / self.bytes_per_s
-        if start > now:
-            await asyncio.sleep(start - now)
 
 
 @dataclass
@@ -107,12 +84,21 @@ class Replicator:
         self.lease = lease
         self.workers = workers
         self.grace_period_s = grace_period_s
-        self.rate = RateLimiter(rate_bytes_per_s)
+        self.copier = EntryCopier(ctx, RateLimiter(rate_bytes_per_s))
+        self.repairer = InPlaceRepairer(ctx, registry, self.copier, self._registered)
         self.rng = rng or random.Random()
         self._backoff: dict[int, _Backoff] = {}
         self._first_seen_open: dict[int, float] = {}  # ledger -> when we first saw its last fragment hurt
         self._busy: set[int] = set()  # ledgers a worker of this process is on (locks are per owner)
         self._stop = asyncio.Event()
+
+    @property
+    def rate(self) -> RateLimiter:
+        return self.copier.rate
+
+    @rate.setter
+    def rate(self, value: RateLimiter) -> None:
+        self.copier.rate = value
 
     async def run(self) -> None:
         await asyncio.gather(*(self._worker(i) for i in range(self.workers)))
@@ -136,7 +122,9 @@ class Replicator:
 
     async def run_once(self) -> bool:
         """Work on one marked ledger we could lock; True if one was made whole."""
-        marks = await asyncio.to_thread(self.registry.list)
+        marks: list[UnderReplicatedLedger | RepairMark] = []
+        marks.extend(await asyncio.to_thread(self.registry.list))
+        marks.extend(await asyncio.to_thread(self.registry.list_repairs))
         self._forget_unmarked({m.ledger_id for m in marks})
         self.rng.shuffle(marks)
         now = time.monotonic()
@@ -165,10 +153,13 @@ class Replicator:
             for lid in [lid for lid in table if lid not in marked]:
                 del table[lid]
 
-    async def _attempt(self, mark: UnderReplicatedLedger) -> bool:
+    async def _attempt(self, mark: UnderReplicatedLedger | RepairMark) -> bool:
         lid = mark.ledger_id
         try:
-            done = await self.replicate_ledger(mark)
+            if isinstance(mark, RepairMark):
+                done = await self.repairer.repair(mark)
+            else:
+                done = await self.replicate_ledger(mark)
         except ZbkError as e:
             prev = self._backoff.get(lid)
             delay = min(backoff_s_max, max(backoff_s_min, prev.delay_s * 2)) if prev else backoff_s_min
@@ -235,7 +226,7 @@ class Replicator:
         # ledger before it gets here, so this would be a bug, not a state to copy from.
         assert md.is_closed or index + 1 < len(md.fragments), (md.ledger_id, index)
         entries = positions_held(md, position, first, last) if last >= first else []
-        await self._copy(md, index, entries, new, lost | {old})
+        await self.copier.copy(md, entries, new, lost | {old})
         while True:
             try:
                 updated = md.with_replaced_bookie(index, old, new)
@@ -250,48 +241,3 @@ class Replicator:
                 if fresh.fragments[index] != md.fragments[index] or fresh.fragment_end(index) != last:
                     raise MetadataVersionError(f"ledger {md.ledger_id}: fragment {first} changed during copy") from None
                 md = fresh
-
-    async def _copy(self, md: LedgerMetadata, index: int, entries: list[int], target: str, avoid: set[str]) -> None:
-        digest = self.ctx.digest_for(md.digest, md.password)
-        key = master_key(md.password)
-        for start in range(0, len(entries), copy_batch_entries_max):
-            batch = entries[start:start + copy_batch_entries_max]
-            blobs = await asyncio.gather(*(self._read_copy(md, e, digest, avoid) for e in batch))
-            for chunk in add_batches(blobs, len, copy_batch_bytes_max):
-                await self.rate.acquire(sum(len(b) for b in chunk))
-                await self._write(md.ledger_id, key, target, chunk)
-            rm.REPLICATOR_ENTRIES_COPIED.inc(len(batch))
-
-    async def _read_copy(self, md: LedgerMetadata, entry_id: int, digest: Digest, avoid: set[str]) -> bytes:
-        """A digest-checked blob of ``entry_id`` from a surviving replica of its write set."""
-        t = self.ctx.transport
-        why: list[str] = []
-        for bookie in md.write_set(entry_id):
-            if bookie in avoid:
-                continue
-            try:
-                resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id,
-                                                             first_entry_id=entry_id), self.ctx.read_timeout_s)
-            except BookieUnavailableError as e:
-                why.append(str(e))
-                continue
-            if isinstance(resp, w.ReadResponse) and resp.entries:
-                blob = bytes(resp.entries[0])
-                try:
-                    parse_entry(blob, digest, ledger_id=md.ledger_id, entry_id=entry_id)
-                    return blob
-                except DigestMismatchError as e:
-                    why.append(f"{bookie}: bad copy ({e})")
-                    continue
-            why.append(f"{bookie}: {resp.status.name}")
-        raise BookieUnavailableError(f"ledger {md.ledger_id} entry {entry_id}: no surviving replica answered "
-                                     f"with a good copy ({'; '.join(why) or 'no surviving replica'})")
-
-    async def _write(self, ledger_id: int, key: bytes, target: str, blobs: list[bytes]) -> None:
-        t = self.ctx.transport
-        req = w.AddRequest(rid=t.next_rid(), ledger_id=ledger_id, master_key=key, flags=AddFlag.RECOVERY_ADD,
-                           entries=blobs)
-        resp = await t.request(target, req, self.ctx.add_timeout_s)
-        if resp.status != Status.EOK:
-            raise error_for_status(resp.status, f"{target}: recovery add to ledger {ledger_id}")
-

@@ -14,12 +14,30 @@ Keys (ARCHITECTURE.md "Metadata layout"):
   version the replicator read before its work: a bookie marked meanwhile keeps the mark.
 * ``underreplication/locks/<id>`` — a :class:`LeaseLock` held by the replicator working on
   the ledger; it vanishes with the worker's lease if the worker dies.
+* ``underreplication/repairs/<20-digit id>/<bookie>`` — an in-place repair mark: that
+  bookie is alive but its copy of the ledger lacks entries its fragments assign to it (or
+  holds damaged ones). CBOR map, format version 1::
+
+      fv  int     format version (1)
+      lid int     ledger id, bk text bookie id (must match the key)
+      why text    "limbo" (BP-46 phase one ran on the bookie after an unclean shutdown:
+                  the repairer recovers the ledger, fills the bookie's holes, then clears
+                  its limbo status) or "check" (the auditor's periodic check found missing
+                  or unreadable entries: the repairer rewrites them from other replicas)
+      ct  int     when it was marked, milliseconds since the epoch
+      d   text    detail for operators (what the check saw), may be empty
+
+  Written by the bookie itself at boot (one per limbo ledger, so that a crash between
+  phase one and the marks is repaired by the next boot's marks) and by the auditor; the
+  repairer holds the ledger's lock (``underreplication/locks/<id>``) while it works, so a
+  ledger is never re-replicated and repaired at the same time.
 * ``config/lost_bookie_recovery_delay`` — seconds (decimal text) the auditor waits before
   auditing a vanished bookie; changeable at runtime (the auditor watches it).
 """
 
 from __future__ import annotations
 
+import builtins
 import math
 import time
 from dataclasses import dataclass
@@ -64,6 +82,45 @@ class UnderReplicatedLedger:
     def as_json(self) -> dict[str, Any]:
         return {"ledger_id": self.ledger_id, "missing_bookies": list(self.missing_bookies),
                 "marked_ms": self.marked_ms}
+
+
+REPAIR_REASONS = ("limbo", "check")
+
+
+@dataclass(frozen=True)
+class RepairMark:
+    """One bookie's copy of one ledger needs an in-place repair (see the module docstring)."""
+
+    ledger_id: int
+    bookie_id: str
+    why: str
+    marked_ms: int
+    detail: str = ""
+    version: int = 0
+
+    def encode(self) -> bytes:
+        assert self.why in REPAIR_REASONS, self.why
+        return cbor2.dumps({"fv": MARK_FORMAT, "lid": self.ledger_id, "bk": self.bookie_id, "why": self.why,
+                            "ct": self.marked_ms, "d": self.detail})
+
+    @classmethod
+    def decode(cls, data: bytes, *, ledger_id: int, bookie_id: str, version: int = 0) -> RepairMark:
+        what = f"repair mark of ledger {ledger_id} on {bookie_id}"
+        try:
+            raw: Any = cbor2.loads(data)
+        except Exception as e:  # cbor2 raises several types for garbage input
+            raise CorruptMetadataError(f"{what}: not valid CBOR ({e})") from None
+        if not isinstance(raw, dict) or raw.get("fv") != MARK_FORMAT:
+            raise CorruptMetadataError(f"{what}: not a format {MARK_FORMAT} map")
+        why, ct, detail = raw.get("why"), raw.get("ct"), raw.get("d", "")
+        if raw.get("lid") != ledger_id or raw.get("bk") != bookie_id or why not in REPAIR_REASONS \
+                or not isinstance(ct, int) or not isinstance(detail, str):
+            raise CorruptMetadataError(f"{what}: malformed")
+        return cls(ledger_id, bookie_id, why, ct, detail, version)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ledger_id": self.ledger_id, "bookie": self.bookie_id, "why": self.why,
+                "marked_ms": self.marked_ms, "detail": self.detail}
 
 
 class UnderReplicationRegistry:
@@ -113,6 +170,35 @@ class UnderReplicationRegistry:
         ledger whole). False if it changed (a new loss was marked meanwhile) or is gone."""
         try:
             return self.store.delete(layout.underreplicated_key(mark.ledger_id), version=mark.version)
+        except MetadataVersionError:
+            return False
+
+    # -- in-place repair marks -------------------------------------------------------------
+    def mark_repair(self, ledger_id: int, bookie_id: str, why: str, detail: str = "") -> bool:
+        """Ask for ``bookie_id``'s copy of ``ledger_id`` to be repaired in place. False if a
+        mark exists already (the older one stands: its repair covers this one too)."""
+        mark = RepairMark(ledger_id, bookie_id, why, int(time.time() * 1000), detail[:500])
+        try:
+            self.store.create(layout.repair_key(ledger_id, bookie_id), mark.encode())
+            return True
+        except KeyExistsError:
+            return False
+
+    def list_repairs(self) -> builtins.list[RepairMark]:
+        """Every repair mark, by ledger id then bookie (undecodable ones are reported)."""
+        out = []
+        for kv in iter_prefix(self.store, layout.REPAIRS):
+            lid, bookie = layout.repair_from_key(kv.key)
+            out.append(RepairMark.decode(kv.value, ledger_id=lid, bookie_id=bookie, version=kv.version))
+        return out
+
+    def count_repairs(self) -> int:
+        return sum(1 for _ in iter_prefix(self.store, layout.REPAIRS))
+
+    def clear_repair(self, mark: RepairMark) -> bool:
+        """Remove the mark if unchanged since it was read."""
+        try:
+            return self.store.delete(layout.repair_key(mark.ledger_id, mark.bookie_id), version=mark.version)
         except MetadataVersionError:
             return False
 

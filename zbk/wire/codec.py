@@ -49,7 +49,9 @@ from zbk.wire.messages import (
     Request,
     Response,
     WriteCloseRequest,
+    ClearLimboRequest,
     WriteCloseResponse,
+    ClearLimboResponse,
     WriteLacRequest,
     WriteLacResponse,
 )
@@ -182,6 +184,12 @@ def _enc_write_close_request(m: WriteCloseRequest) -> list[Blob]:
     return [_cbor_map(h)]
 
 
+def _enc_clear_limbo_request(m: ClearLimboRequest) -> list[Blob]:
+    h = _base(OpCode.CLEAR_LIMBO, m.rid)
+    h.update(l=m.ledger_id, mk=m.master_key)
+    return [_cbor_map(h)]
+
+
 def _enc_bookie_info_request(m: BookieInfoRequest) -> list[Blob]:
     return [_cbor_map(_base(OpCode.GET_BOOKIE_INFO, m.rid))]
 
@@ -231,6 +239,10 @@ def _enc_write_close_response(m: WriteCloseResponse) -> list[Blob]:
     return [_cbor_map(_response_base(OpCode.WRITE_CLOSE, m.rid, m.status, m.ledger_id))]
 
 
+def _enc_clear_limbo_response(m: ClearLimboResponse) -> list[Blob]:
+    return [_cbor_map(_response_base(OpCode.CLEAR_LIMBO, m.rid, m.status, m.ledger_id))]
+
+
 def _enc_bookie_info_response(m: BookieInfoResponse) -> list[Blob]:
     h = _base(OpCode.GET_BOOKIE_INFO, m.rid)
     h.update(st=m.status, fb=m.free_bytes, tb=m.total_bytes, bs=m.state, nl=m.ledgers, nll=m.limbo_ledgers)
@@ -249,6 +261,7 @@ _ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
     WriteLacRequest: _enc_write_lac_request,
     ForceLedgerRequest: _enc_force_ledger_request,
     WriteCloseRequest: _enc_write_close_request,
+    ClearLimboRequest: _enc_clear_limbo_request,
     BookieInfoRequest: _enc_bookie_info_request,
     ListEntriesRequest: _enc_list_entries_request,
     ErrorResponse: _enc_error_response,
@@ -258,6 +271,7 @@ _ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
     WriteLacResponse: _enc_write_lac_response,
     ForceLedgerResponse: _enc_force_ledger_response,
     WriteCloseResponse: _enc_write_close_response,
+    ClearLimboResponse: _enc_clear_limbo_response,
     BookieInfoResponse: _enc_bookie_info_response,
     ListEntriesResponse: _enc_list_entries_response,
 }
@@ -431,6 +445,11 @@ def _dec_write_close_request(h: dict[str, Any], frames: Sequence[Blob]) -> Write
     return WriteCloseRequest(rid=h["rid"], ledger_id=_id(h["l"], "l"), master_key=_master_key(h["mk"]))
 
 
+def _dec_clear_limbo_request(h: dict[str, Any], frames: Sequence[Blob]) -> ClearLimboRequest:
+    _frames(frames, 0, 0)
+    return ClearLimboRequest(rid=h["rid"], ledger_id=_id(h["l"], "l"), master_key=_master_key(h["mk"]))
+
+
 def _dec_bookie_info_request(h: dict[str, Any], frames: Sequence[Blob]) -> BookieInfoRequest:
     _frames(frames, 0, 0)
     return BookieInfoRequest(rid=h["rid"])
@@ -510,6 +529,11 @@ def _dec_write_close_response(h: dict[str, Any], frames: Sequence[Blob]) -> Writ
     return WriteCloseResponse(rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"))
 
 
+def _dec_clear_limbo_response(h: dict[str, Any], frames: Sequence[Blob]) -> ClearLimboResponse:
+    _frames(frames, 0, 0)
+    return ClearLimboResponse(rid=h["rid"], status=_status(h["st"]), ledger_id=_id(h["l"], "l"))
+
+
 def _dec_bookie_info_response(h: dict[str, Any], frames: Sequence[Blob]) -> BookieInfoResponse:
     _frames(frames, 0, 0)
     free, total = _u64(h["fb"], "fb"), _u64(h["tb"], "tb")
@@ -557,6 +581,7 @@ _REQUESTS = _table({
     OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
     OpCode.FORCE_LEDGER: (_dec_force_ledger_request, "v op rid l"),
     OpCode.WRITE_CLOSE: (_dec_write_close_request, "v op rid l mk"),
+    OpCode.CLEAR_LIMBO: (_dec_clear_limbo_request, "v op rid l mk"),
     OpCode.GET_BOOKIE_INFO: (_dec_bookie_info_request, "v op rid"),
     OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (_dec_list_entries_request, "v op rid l"),
 })  # fmt: skip
@@ -568,6 +593,7 @@ _RESPONSES = _table({
     OpCode.WRITE_LAC: (_dec_write_lac_response, "v op rid st l"),
     OpCode.FORCE_LEDGER: (_dec_force_ledger_response, "v op rid st l"),
     OpCode.WRITE_CLOSE: (_dec_write_close_response, "v op rid st l"),
+    OpCode.CLEAR_LIMBO: (_dec_clear_limbo_response, "v op rid st l"),
     OpCode.GET_BOOKIE_INFO: (_dec_bookie_info_response, "v op rid st fb tb bs nl nll"),
     OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (_dec_list_entries_response, "v op rid st l"),
 })  # fmt: skip

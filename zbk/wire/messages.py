@@ -106,6 +106,17 @@ class WriteCloseRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClearLimboRequest:
+    """CLEAR_LIMBO (BP-46 phase two): the ledger was recovered and every entry this bookie
+    should hold was copied here; clear its limbo status. Needs the master key; answered
+    once the change is journaled and fsynced."""
+
+    rid: int
+    ledger_id: int
+    master_key: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BookieInfoRequest:
     """GET_BOOKIE_INFO."""
 
@@ -213,6 +224,15 @@ class WriteCloseResponse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClearLimboResponse:
+    """CLEAR_LIMBO answer: EOK (cleared, or was not in limbo), ENOLEDGER, EUA."""
+
+    rid: int
+    status: Status
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BookieInfoResponse:
     """GET_BOOKIE_INFO answer: ``state`` is "writable" or "readonly"."""
 
@@ -242,6 +262,7 @@ Request: TypeAlias = (
     | WriteLacRequest
     | ForceLedgerRequest
     | WriteCloseRequest
+    | ClearLimboRequest
     | BookieInfoRequest
     | ListEntriesRequest
 )
@@ -253,6 +274,7 @@ Response: TypeAlias = (
     | WriteLacResponse
     | ForceLedgerResponse
     | WriteCloseResponse
+    | ClearLimboResponse
     | BookieInfoResponse
     | ListEntriesResponse
 )

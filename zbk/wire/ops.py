@@ -20,6 +20,7 @@ class OpCode(IntEnum):
     WRITE_CLOSE = 6  # advisory: the writer closed the ledger, rotate its entry log (BP-32)
     GET_BOOKIE_INFO = 7  # disk space, state and ledger counts of the bookie
     GET_LIST_OF_ENTRIES_OF_LEDGER = 8  # entry ids the bookie holds for a ledger, as ranges
+    CLEAR_LIMBO = 9  # BP-46 phase two is done for a ledger here: clear its limbo status (durably)
 
 
 class AddFlag(IntFlag):

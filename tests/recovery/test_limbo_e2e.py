@@ -1,0 +1,128 @@
+"""BP-46 end to end, with real processes: bookies running without the journal, a kill -9
+that loses a bookie's unflushed entries, phase one at its restart (fenced + limbo, EUNKNOWN
+for what it lost), and phase two by `zbk autorecovery` (recover, refill, clear limbo)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from helpers.wait import wait_until
+
+import zbk
+from zbk.client.digest import make_digest
+from zbk.client.raw import BookieConnection
+from zbk.config import ClientConfig
+from zbk.errors import LedgerFencedError
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.registry import LedgerStore
+from zbk.metadata.uri import open_store
+from zbk.recovery.repair import expected_entries
+from zbk.recovery.underreplication import UnderReplicationRegistry
+from zbk.wire import messages as w
+from zbk.wire.entry import parse_entry
+from zbk.wire.status import Status
+
+PW = b"bp46"
+FAST = ClientConfig(add_timeout_ms=2000, read_timeout_ms=1500, speculative_read_ms=300)
+# No journal, a write buffer larger than everything written and no periodic flush: a kill -9
+# loses every entry the bookie acknowledged since it started (BP-46's data loss).
+NO_JOURNAL = {"journal_write_data": False, "entry_log_write_buffer_bytes": 16 * 1024 * 1024,
+              "flush_interval_ms": 600_000}
+ENTRIES = 300
+OPEN_LEDGERS = 3
+
+
+def data(lid: int, i: int) -> bytes:
+    return hashlib.sha256(f"{lid}/{i}".encode()).digest() * 8
+
+
+def bookie_serves_all(bookie: str, md: LedgerMetadata) -> list[int]:
+    """Entries ``md`` assigns to ``bookie`` that it does not return intact (digest checked)."""
+    digest = make_digest(md.digest, md.password)
+    bad = []
+    with BookieConnection(bookie, timeout_s=5) as c:
+        for e in expected_entries(md, bookie, closed_fragments_only=True):
+            r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=md.ledger_id, first_entry_id=e))
+            if r.status != Status.EOK or not r.entries:
+                bad.append(e)
+                continue
+            parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
+    return bad
+
+
+def info(bookie: str) -> w.BookieInfoResponse:
+    with BookieConnection(bookie, timeout_s=5) as c:
+        resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
+    assert isinstance(resp, w.BookieInfoResponse)
+    return resp
+
+
+def test_journal_off_kill9_limbo_is_repaired_by_autorecovery(rcluster) -> None:
+    bookies = rcluster.start_bookies(3, settings=NO_JOURNAL)
+    store = open_store(rcluster.uri)
+    ledgers = LedgerStore(store)
+    bk = zbk.BookKeeper(rcluster.uri, config=FAST)
+    try:
+        writers = [bk.create_ledger(3, 3, 2, password=PW) for _ in range(OPEN_LEDGERS)]
+        acked: dict[int, int] = {}
+        for lh in writers:
+            futs = [lh.append_async(data(lh.ledger_id, i)) for i in range(ENTRIES)]
+            acked[lh.ledger_id] = max(f.result(30) for f in futs)
+        victim = bookies[1]
+        victim.kill9()
+        victim.start()
+
+        # Phase one: every open ledger is fenced and in limbo on the victim, which lost
+        # what it had acknowledged: a read of a lost entry is EUNKNOWN, never ENOENTRY.
+        assert info(victim.bookie_id).limbo_ledgers == OPEN_LEDGERS
+        with BookieConnection(victim.bookie_id, timeout_s=5) as c:
+            for lid in acked:
+                r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=ENTRIES // 2))
+                assert r.status == Status.EUNKNOWN, f"ledger {lid}: {r.status!r}"
+        marks = UnderReplicationRegistry(store, "test").list_repairs()
+        assert {(m.ledger_id, m.bookie_id, m.why) for m in marks} == \
+            {(lid, victim.bookie_id, "limbo") for lid in acked}
+
+        # The writers are fenced: the restarted bookie answers their adds EFENCED, which
+        # fails the handle. An add whose two other acks came first is acknowledged (it is on
+        # AQ bookies) and counts; the one after it fails.
+        for lh in writers:
+            with pytest.raises(LedgerFencedError):
+                for i in range(ENTRIES, ENTRIES + 50):
+                    acked[lh.ledger_id] = lh.append(data(lh.ledger_id, i))
+                    time.sleep(0.05)
+
+        t0 = time.monotonic()
+        ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=60, lease_ttl_s=3)
+
+        def healed() -> bool:
+            return not UnderReplicationRegistry(store, "test").list_repairs() \
+                and info(victim.bookie_id).limbo_ledgers == 0
+        wait_until(healed, timeout_s=60, interval_s=0.3, message="phase two to repair every limbo ledger")
+        took = time.monotonic() - t0
+
+        for lid, last_acked in acked.items():
+            md, _ = ledgers.read(lid)
+            assert md.is_closed and md.last_entry_id >= last_acked, \
+                f"ledger {lid} closed at {md.last_entry_id}, acked up to {last_acked}"
+            assert victim.bookie_id in md.all_bookies(), "repaired in place, not replaced"
+            # The victim alone serves every entry its fragments assign to it.
+            assert bookie_serves_all(victim.bookie_id, md) == []
+            rh = bk.open_ledger(lid, password=PW)
+            got = [e.payload for e in rh.read(0, md.last_entry_id)]
+            assert got[:last_acked + 1] == [data(lid, i) for i in range(last_acked + 1)]
+        assert info(victim.bookie_id).limbo_ledgers == 0
+        assert ar.metric("zbk_replicator_limbo_ledgers_repaired_total") == OPEN_LEDGERS
+        assert ar.metric("zbk_replicator_ledgers_replicated_total") == 0, "nothing was re-replicated elsewhere"
+
+        # Limbo stays cleared across a restart (CLEAR_LIMBO is journaled).
+        victim.kill9()
+        victim.start()
+        assert info(victim.bookie_id).limbo_ledgers == 0
+        print(f"phase two repaired {OPEN_LEDGERS} limbo ledgers in {took:.1f} s")
+        assert ar.stop() == 0
+    finally:
+        bk.close()
+        store.close()
