@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 import types
@@ -213,13 +214,14 @@ def _coerce(cls_name: str, key: str, value: Any, typ: Any) -> Any:
             except ValueError:
                 pass
     elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+        number: float | None = None
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             try:
-                return float(value)
-            except ValueError:
+                number = float(value)
+            except (ValueError, OverflowError):  # "abc", or an int beyond a double
                 pass
+        if number is not None and math.isfinite(number):  # nan passes every "> 0" check
+            return number
     elif typ is str:
         if isinstance(value, str):
             return value
@@ -256,6 +258,10 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # tomllib decodes the whole file first
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     # A [bookie] table is accepted as well as top-level keys.
@@ -278,7 +284,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         try:
             out[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):
             out[key] = raw
     return out
 
