@@ -200,6 +200,18 @@ class CookieMismatchError(ZbkError):
     code = "COOKIE_MISMATCH"
 
 
+class OperationRefusedError(ZbkError):
+    """An admin operation that would be unsafe now (e.g. decommissioning a writable bookie)."""
+
+    code = "OPERATION_REFUSED"
+
+
+class RepairIncompleteError(ZbkError):
+    """A repaired bookie still lacks entries after the copy (it lost them again, or refused them)."""
+
+    code = "REPAIR_INCOMPLETE"
+
+
 _BY_STATUS: dict[Status, type[ZbkError]] = {
     Status.ENOLEDGER: NoSuchLedgerError,
     Status.ENOENTRY: NoSuchEntryError,

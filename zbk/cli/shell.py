@@ -180,6 +180,62 @@ def _lostbookierecoverydelay(args: argparse.Namespace) -> None:
          lambda d: f"{d['lost_bookie_recovery_delay_s']:g} s")
 
 
+@command("triggeraudit", "run the auditor's periodic check of all ledgers now")
+def _triggeraudit(args: argparse.Namespace) -> int:
+    import time
+
+    from zbk.metadata import layout
+    from zbk.metadata.coordination import current_leader
+
+    store = _store(args)
+    store.put(layout.AUDITOR_TRIGGER, str(int(time.time() * 1000)).encode("ascii"))
+    leader = current_leader(store)
+    _out(args, {"triggered": True, "auditor": leader},
+         lambda d: f"audit triggered; auditor {d['auditor']} runs it now" if d["auditor"]
+         else "audit triggered, but no auditor is running: it runs when one is elected")
+    return 0 if leader else 1
+
+
+@command("recover", "recover BOOKIE: decommission: re-replicate everything BOOKIE holds elsewhere")
+def _recover(args: argparse.Namespace) -> int:
+    import asyncio
+    import random
+
+    from zbk.client.bookkeeper import ClientContext
+    from zbk.client.transport import ZmqTransport
+    from zbk.config import ClientConfig
+    from zbk.metadata.coordination import LeaseKeeper
+    from zbk.recovery.decommission import decommission
+    from zbk.recovery.underreplication import UnderReplicationRegistry
+
+    bookie = _one(args, "recover BOOKIE")
+    store = _store(args)
+    keeper = LeaseKeeper(store, 10)
+    lease = keeper.start()
+
+    async def run() -> Any:
+        ctx = ClientContext(store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        try:
+            return await decommission(ctx, UnderReplicationRegistry(store, f"zbk-shell-recover-{bookie}"), lease,
+                                      bookie, progress=lambda d, t, what: _progress(args, d, t, what))
+        finally:
+            await ctx.transport.close()
+    try:
+        rep = asyncio.run(run())
+    finally:
+        keeper.stop(revoke=True)
+    data = {"bookie": bookie, "ledgers": len(rep.ledgers), "recovered_open_ledgers": rep.recovered_open,
+            "entries_copied": rep.entries_copied, "bytes_copied": rep.bytes_copied,
+            "seconds": round(rep.seconds, 2), "still_named_by": rep.still_named_by,
+            "safe_to_remove": rep.safe_to_remove}
+    _out(args, data, lambda d: (
+        f"{d['bookie']}: {d['ledgers']} ledger(s) moved, {d['entries_copied']:,} entries "
+        f"({d['bytes_copied'] / 1e6:.1f} MB) copied in {d['seconds']} s; "
+        + (f"closed {len(d['recovered_open_ledgers'])} open ledger(s) first; " if d["recovered_open_ledgers"] else "")
+        + ("SAFE TO REMOVE" if d["safe_to_remove"] else f"NOT safe to remove: still named by {d['still_named_by']}")))
+    return 0 if rep.safe_to_remove else 1
+
+
 # -- commands through the client ------------------------------------------------------------
 def _progress(args: argparse.Namespace, done: int, total: int, what: str) -> None:
     """A progress bar on stderr for long work (only on a terminal, never in --json)."""

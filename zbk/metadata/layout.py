@@ -19,6 +19,7 @@ UNDERREPLICATED_LOCKS = "underreplication/locks/"
 REPAIRS = "underreplication/repairs/"
 AUDITOR_LEADER = "auditor/leader"
 AUDITOR_TRIGGER = "auditor/trigger"  # written by `zbk shell triggeraudit`: run the periodic check now
+AUDITOR_LAST_CHECK = "auditor/last_check"  # when the last periodic check finished (ms since the epoch)
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
 
 LEDGER_ID_MAX = (1 << 63) - 1

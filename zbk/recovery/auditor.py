@@ -11,7 +11,12 @@ that comes back before its delay ran out is not audited: a restart is not a loss
 A new leader, and every ``auditor_periodic_check_interval_s`` the leader again, also
 counts as gone every bookie that ledgers name but nobody has registered, so a bookie that
 died while no auditor ran (or during a leader change, or whose event was missed) is still
-audited.
+audited. On the same schedule — and at once when ``auditor/trigger`` is written (`zbk shell
+triggeraudit`) — a background thread runs the periodic check of every ledger's replicas
+(:mod:`zbk.recovery.checker`: replica contents, read probes, placement), which marks
+damaged replicas for in-place repair. The time of the last finished check is kept in
+``auditor/last_check`` so that a new leader does not start a full check at once unless
+one is due.
 
 :class:`AuditorCore` holds the decisions (plain state, the clock passed in as numbers);
 :class:`Auditor` is the thin thread around it that talks to the metadata store.
@@ -19,8 +24,11 @@ audited.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 
 from zbk.clock import SYSTEM_CLOCK, Clock
@@ -118,6 +126,8 @@ class Auditor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zbk-auditor", daemon=True)
+        self._triggered = threading.Event()
+        self._check_thread: threading.Thread | None = None
         rm.AUDITOR_IS_LEADER.set(0)
 
     def start(self) -> None:
@@ -128,6 +138,8 @@ class Auditor:
         self._stop.set()
         self._wake.set()
         self._thread.join(30)
+        if self._check_thread is not None:
+            self._check_thread.join(30)  # the check sees the stop event between ledgers
         self.election.close()
         rm.AUDITOR_IS_LEADER.set(0)
 
@@ -169,13 +181,21 @@ class Auditor:
         try:
             watches.append(watch_bookies(self.store, lambda _ev: self._wake.set()))
             watches.append(self.store.watch(layout.LOST_BOOKIE_RECOVERY_DELAY, self._on_delay_event))
+            watches.append(self.store.watch(layout.AUDITOR_TRIGGER, self._on_trigger,
+                                            start_revision=self.store.revision() + 1))
             core = AuditorCore(get_recovery_delay(self.store, self.default_delay_s))
             next_check = self.clock.monotonic()
+            next_fragment_check = self.clock.monotonic() + self._until_fragment_check_due()
             while not self._stop.is_set() and self.election.is_leader():
                 self._wake.clear()  # before reading: a change from now on wakes the next pass
-                if self.clock.monotonic() >= next_check:
+                now = self.clock.monotonic()
+                if now >= next_check:
                     self._check_all(core)
                     next_check = self.clock.monotonic() + self.check_interval_s
+                if self._triggered.is_set() or now >= next_fragment_check:
+                    if self._start_fragment_check():
+                        self._triggered.clear()
+                        next_fragment_check = now + self.check_interval_s
                 self._pass(core)
                 nxt = core.next_due()
                 wait = leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
@@ -190,6 +210,51 @@ class Auditor:
         but nobody has registered counts as gone, even if no watch event ever said so.
         (Read probes of fragments on living bookies are not part of it yet.)"""
         core.observe(self._available(), self.clock.monotonic(), referenced=self._referenced())
+
+    def _on_trigger(self, ev: WatchEvent) -> None:
+        if ev.key == layout.AUDITOR_TRIGGER and ev.kind == "put":
+            self._triggered.set()
+            self._wake.set()
+
+    def _until_fragment_check_due(self) -> float:
+        kv = self.store.get(layout.AUDITOR_LAST_CHECK)
+        try:
+            last_s = int(kv.value.decode("ascii")) / 1000 if kv is not None else 0.0
+        except (UnicodeDecodeError, ValueError):
+            last_s = 0.0
+        return max(0.0, last_s + self.check_interval_s - time.time())
+
+    def _start_fragment_check(self) -> bool:
+        """Start the periodic check of all ledgers in the background; False if one runs."""
+        if self._check_thread is not None and self._check_thread.is_alive():
+            return False
+        self._check_thread = threading.Thread(target=self._run_fragment_check, name="zbk-auditor-check",
+                                              daemon=True)
+        self._check_thread.start()
+        return True
+
+    def _run_fragment_check(self) -> None:
+        try:
+            asyncio.run(self._fragment_check())
+            self.store.put(layout.AUDITOR_LAST_CHECK, str(int(time.time() * 1000)).encode("ascii"))
+        except ZbkError as e:
+            log.warning("auditor: periodic check failed: %s", e)
+        except BaseException:
+            log.exception("auditor: periodic check crashed")
+            if self._on_crash is not None:
+                self._on_crash()
+
+    async def _fragment_check(self) -> None:
+        from zbk.client.bookkeeper import ClientContext
+        from zbk.client.transport import ZmqTransport
+        from zbk.config import ClientConfig
+        from zbk.recovery.checker import LedgerChecker
+
+        ctx = ClientContext(self.store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        try:
+            await LedgerChecker(ctx, self.registry, stop=self._stop).check_all()
+        finally:
+            await ctx.transport.close()
 
     def _on_delay_event(self, ev: WatchEvent) -> None:
         if ev.key == layout.LOST_BOOKIE_RECOVERY_DELAY:
@@ -207,6 +272,7 @@ class Auditor:
                 raise
         rm.AUDITOR_LOST_BOOKIES.set(core.lost_count)
         rm.AUDITOR_UNDER_REPLICATED_LEDGERS.set(self.registry.count())
+        rm.AUDITOR_REPAIR_MARKS.set(self.registry.count_repairs())
 
     def _available(self) -> set[str]:
         return {r.bookie_id for r in list_bookies(self.store)} | \

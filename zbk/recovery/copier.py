@@ -54,6 +54,7 @@ class EntryCopier:
         self.ctx = ctx
         self.rate = rate
         self.bytes_copied = 0
+        self.entries_copied = 0
 
     async def copy(self, md: LedgerMetadata, entries: list[int], target: str, avoid: set[str]) -> None:
         """Copy ``entries`` of ``md``'s ledger to ``target``, reading from replicas of each
@@ -69,6 +70,7 @@ class EntryCopier:
                 await self.write(md.ledger_id, key, target, chunk)
                 self.bytes_copied += size
             rm.REPLICATOR_ENTRIES_COPIED.inc(len(batch))
+            self.entries_copied += len(batch)
 
     async def read_good_copy(self, md: LedgerMetadata, entry_id: int, digest: Digest, avoid: set[str]) -> bytes:
         """A digest-checked blob of ``entry_id`` from a replica of its write set."""

@@ -33,7 +33,7 @@ from zbk.errors import (
     BookieUnavailableError,
     DigestMismatchError,
     NoSuchLedgerError,
-    ZbkError,
+    RepairIncompleteError,
     error_for_status,
 )
 from zbk.metadata.ledger import LedgerMetadata
@@ -46,12 +46,6 @@ from zbk.wire.messages import EntryRanges
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
-
-
-class RepairIncompleteError(ZbkError):
-    """The bookie still lacks entries after the copy (it lost them again, or refused them)."""
-
-    code = "REPAIR_INCOMPLETE"
 
 
 def expected_entries(md: LedgerMetadata, bookie: str, *, closed_fragments_only: bool) -> list[int]:

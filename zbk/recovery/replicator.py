@@ -214,9 +214,10 @@ class Replicator:
         return await asyncio.to_thread(both)
 
     async def _replace_in_fragment(self, md: LedgerMetadata, version: int, index: int, old: str,
-                                   lost: set[str]) -> tuple[LedgerMetadata, int]:
+                                   lost: set[str], *, read_from_old: bool = False) -> tuple[LedgerMetadata, int]:
         """Copy fragment ``index``'s entries of ``old`` to a replacement, then CAS the new
-        ensemble in. Returns the metadata as written."""
+        ensemble in. Returns the metadata as written. ``read_from_old``: ``old`` is alive
+        (a decommission) and may serve as a source, the only one of a WQ=1 ledger."""
         first, ensemble = md.fragments[index]
         position = ensemble.index(old)
         writable = await self.ctx.writable_bookies()
@@ -226,7 +227,7 @@ class Replicator:
         # ledger before it gets here, so this would be a bug, not a state to copy from.
         assert md.is_closed or index + 1 < len(md.fragments), (md.ledger_id, index)
         entries = positions_held(md, position, first, last) if last >= first else []
-        await self.copier.copy(md, entries, new, lost | {old})
+        await self.copier.copy(md, entries, new, (lost - {old}) if read_from_old else lost | {old})
         while True:
             try:
                 updated = md.with_replaced_bookie(index, old, new)
