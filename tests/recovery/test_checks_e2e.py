@@ -166,3 +166,45 @@ def test_recover_decommissions_a_bookie(rcluster) -> None:
     finally:
         bk.close()
         store.close()
+
+
+def test_autorecovery_enabled_runs_inside_bookies(rcluster) -> None:
+    settings = {"autorecovery_enabled": True, "lost_bookie_recovery_delay_s": 0,
+                "open_ledger_rereplication_grace_period_s": 1}
+    bookies = rcluster.start_bookies(4, settings=settings)
+    store = open_store(rcluster.uri)
+    ledgers = LedgerStore(store)
+    bk = zbk.BookKeeper(rcluster.uri, config=FAST)
+
+    def get(b: object, path: str) -> object:
+        with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}{path}", timeout=5) as resp:  # type: ignore[attr-defined]
+            return json.loads(resp.read())
+    try:
+        def auditors_seen() -> set[object]:
+            try:
+                seen = {get(b, "/api/v1/autorecovery/who_is_auditor")["auditor"] for b in bookies}  # type: ignore[index]
+            except OSError:  # autorecovery starts just after the bookie serves
+                return set()
+            return seen if None not in seen else set()
+        auditors = wait_until(auditors_seen, timeout_s=20, interval_s=0.2, message="an auditor")
+        assert len(auditors) == 1, f"one auditor among the bookies: {auditors}"
+        lids = [write_ledger(bk, 3, 2, ENTRIES).ledger_id for _ in range(4)]
+        victim = next(b for b in bookies if f"127.0.0.1:{b.http_port}" not in auditors)
+        named = [lid for lid in lids if victim.bookie_id in ledgers.read(lid)[0].all_bookies()]
+        assert named
+        victim.kill9()
+
+        def replaced() -> bool:
+            return all(victim.bookie_id not in ledgers.read(lid)[0].all_bookies() for lid in named) \
+                and not UnderReplicationRegistry(store, "t").list()
+        wait_until(replaced, timeout_s=60, interval_s=0.3, message="the bookies' replicators to replace the dead one")
+        for lid in lids:
+            md, _ = ledgers.read(lid)
+            rh = bk.open_ledger(lid, password=PW)
+            assert [e.payload for e in rh.read(0, md.last_entry_id)] == [data(lid, i) for i in range(ENTRIES)]
+        for b in bookies:
+            if b is not victim:
+                assert b.stop() == 0
+    finally:
+        bk.close()
+        store.close()

@@ -87,6 +87,7 @@ class Bookie:
         self.ctx: zmq.Context[Any] | None = None
         self.http: AdminHttpServer | None = None
         self.lease: LeaseKeeper | None = None
+        self.autorecovery: Any = None  # zbk.recovery.process.AutoRecovery with autorecovery_enabled
         self.server: ServerCore | None = None
         self.boot_report: BootReport | None = None
         self._reg_lock = threading.Lock()
@@ -311,8 +312,28 @@ class Bookie:
         self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
         self._register(read_only=self.server.read_only)
+        if cfg.autorecovery_enabled:
+            self._start_autorecovery()
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
                  self.http.port if self.http else "-")
+
+    def _start_autorecovery(self) -> None:
+        """``autorecovery_enabled``: run an auditor candidate and replicator workers in this
+        process, exactly as `zbk autorecovery` would, with their routes on this bookie's
+        HTTP server. A lost autorecovery lease stops the bookie (crash, don't limp)."""
+        from zbk.config import AutoRecoveryConfig
+        from zbk.recovery.process import AutoRecovery
+
+        cfg = self.cfg
+        assert self.http is not None
+        arcfg = AutoRecoveryConfig(metadata_uri=cfg.metadata_uri, http_port=self.http.port,
+                                   http_bind_address=cfg.http_bind_address, lease_ttl_s=cfg.registration_ttl_s,
+                                   lost_bookie_recovery_delay_s=cfg.lost_bookie_recovery_delay_s,
+                                   open_ledger_rereplication_grace_period_s=cfg.open_ledger_rereplication_grace_period_s,
+                                   auditor_periodic_check_interval_s=cfg.auditor_periodic_check_interval_s,
+                                   admin_token=cfg.admin_token).validate()
+        self.autorecovery = AutoRecovery(arcfg, stop_event=self.stop_event, http=self.http)
+        self.autorecovery.start()
 
     def _register(self, *, read_only: bool) -> None:
         """Publish the registration (lease-bound). After a kill -9 the previous process's
@@ -441,6 +462,8 @@ class Bookie:
     def stop(self) -> None:
         """Clean shutdown: unregister, stop actors, final checkpoint, clear the dirty marker."""
         self.stop_event.set()
+        if self.autorecovery is not None:
+            self.autorecovery.stop()  # resign and release locks before the bookie goes away
         self._registrar.shutdown(wait=True)
         if self.lease is not None:
             self.lease.stop()  # revokes the lease: the registration vanishes at once

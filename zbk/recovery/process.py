@@ -52,7 +52,9 @@ def _run(args: argparse.Namespace) -> int:
 class AutoRecovery:
     """The parts of one autorecovery process, started and stopped in order."""
 
-    def __init__(self, cfg: Any, *, stop_event: threading.Event | None = None) -> None:
+    def __init__(self, cfg: Any, *, stop_event: threading.Event | None = None, http: Any = None) -> None:
+        """``http``: an AdminHttpServer to add the routes to (a bookie's, with
+        ``autorecovery_enabled``); by default the process serves its own."""
         from zbk.metadata.coordination import LeaseKeeper
         from zbk.metadata.uri import open_store
         from zbk.metrics.http import AdminHttpServer
@@ -62,7 +64,9 @@ class AutoRecovery:
         self.exit_code = EXIT_OK
         self.store = open_store(cfg.metadata_uri)
         self.lease = LeaseKeeper(self.store, cfg.lease_ttl_s, on_lost=self._lease_lost)
-        self.http = AdminHttpServer(cfg.http_bind_address, cfg.http_port, token=cfg.admin_token)
+        self._own_http = http is None
+        self.http = http if http is not None else AdminHttpServer(cfg.http_bind_address, cfg.http_port,
+                                                                  token=cfg.admin_token)
         self.candidate_id = f"{cfg.http_bind_address}:{self.http.port}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replicator: Any = None
@@ -82,7 +86,8 @@ class AutoRecovery:
         self.registry = UnderReplicationRegistry(self.store, self.candidate_id)
         init_recovery_delay(self.store, self.cfg.lost_bookie_recovery_delay_s)
         self._routes()
-        self.http.start()
+        if self._own_http:
+            self.http.start()
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
                                default_delay_s=self.cfg.lost_bookie_recovery_delay_s,
                                check_interval_s=self.cfg.auditor_periodic_check_interval_s, on_crash=self._crashed)
@@ -152,7 +157,8 @@ class AutoRecovery:
                 self._loop.call_soon_threadsafe(self._replicator.stop)
         if self._replicator_thread is not None:
             self._replicator_thread.join(stop_timeout_s)
-        self.http.stop()
+        if self._own_http:
+            self.http.stop()
         self.lease.stop(revoke=True)  # deletes any lock key a stuck worker still held
         self.store.close()
 
