@@ -27,10 +27,10 @@ from zbk.wire import messages as w
 
 PW = b"pw"
 FAST = ClientConfig(add_timeout_ms=1500, read_timeout_ms=1500, speculative_read_ms=300)
-CLOSED_ENTRIES = 300
-OPEN_ENTRIES = 200
-OPEN_SECOND_BATCH = 50  # appended after the first batch was confirmed, so it piggybacks a real LAC
-TARGET_LEDGERS = 2  # of each kind (closed, open) that have the victim in their ensemble
+CLOSED_ENTRIES = 120
+OPEN_ENTRIES = 100
+OPEN_SECOND_BATCH = 25  # appended after the first batch was confirmed, so it piggybacks a real LAC
+LEDGERS = 50  # half closed, half left open by idle writers
 
 
 def data(lid: int, i: int) -> bytes:
@@ -78,10 +78,8 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
         opened: dict[int, int] = {}  # ledger -> last acknowledged entry
         writers: list[zbk.SyncLedgerHandle] = []
         bystanders: list[int] = []
-        for _ in range(40):
-            if len(closed) >= TARGET_LEDGERS and len(opened) >= TARGET_LEDGERS:
-                break
-            want_open = len(closed) >= TARGET_LEDGERS
+        for n in range(LEDGERS):
+            want_open = n % 2 == 1
             lh = bk.create_ledger(3, 2, 2, password=PW)
             ensemble = lh.metadata.ensembles[0]
             victim = victim or ensemble[0]
@@ -102,7 +100,7 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
             else:
                 lh.close()
                 closed.append(lh.ledger_id)
-        assert victim and len(closed) == TARGET_LEDGERS and len(opened) == TARGET_LEDGERS
+        assert victim and closed and opened
         victim_ledgers = set(closed) | set(opened)
 
         marked: dict[int, set[str]] = {}
@@ -126,7 +124,7 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
             return all(victim not in ledgers.read(lid)[0].all_bookies() and ledgers.read(lid)[0].is_closed
                        for lid in victim_ledgers)
 
-        wait_until(repaired, timeout_s=45, interval_s=0.2, message="every ledger of the dead bookie repaired")
+        wait_until(repaired, timeout_s=90, interval_s=0.2, message="every ledger of the dead bookie repaired")
         t_repaired = time.monotonic()
         watch.cancel()
         with lock:
@@ -152,7 +150,8 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
         assert total("zbk_replicator_ledgers_replicated_total") == len(victim_ledgers), "each ledger repaired once"
         # The victim held 2/3 of each closed ledger and of each open ledger's first batch
         # (the second batch was written back to a replacement by recovery itself).
-        copied_min = TARGET_LEDGERS * (CLOSED_ENTRIES + OPEN_ENTRIES - OPEN_SECOND_BATCH) * 2 // 3 - 2 * TARGET_LEDGERS
+        copied_min = (len(closed) * CLOSED_ENTRIES + len(opened) * (OPEN_ENTRIES - OPEN_SECOND_BATCH)) * 2 // 3 \
+            - 2 * len(victim_ledgers)
         assert total("zbk_replicator_entries_copied_total") >= copied_min
         assert ar.get("/api/v1/autorecovery/list_under_replicated_ledger") == {"ledgers": []}
         print(f"repaired {len(victim_ledgers)} ledgers {t_repaired - t_kill:.1f} s after the kill "
@@ -229,3 +228,32 @@ def test_restart_within_the_delay_and_read_only_are_not_losses(rcluster) -> None
         assert time.monotonic() - t_kill >= 4, "audited before the delay ran out"
     finally:
         store.close()
+
+
+def test_delay_60s_then_0(rcluster) -> None:
+    rcluster.start_bookies(4)
+    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=60, lease_ttl_s=2)
+    wait_until(lambda: ar.get("/api/v1/autorecovery/who_is_auditor")["auditor"], timeout_s=10, message="a leader")
+    store = open_store(rcluster.uri)
+    try:
+        with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
+            lh = bk.create_ledger(4, 2, 2, password=PW)  # on every bookie
+            write(lh, 0, 20)
+            lh.close()
+        marked = threading.Event()
+        watch = store.watch(layout.UNDERREPLICATED_LEDGERS, lambda ev: marked.set(),
+                            start_revision=store.revision() + 1)
+        rcluster.bookies[0].kill9()
+        assert not marked.wait(5), "marked within 5 s although the delay is 60 s"
+        t0 = time.monotonic()
+        assert ar.request("PUT", "/api/v1/autorecovery/lost_bookie_recovery_delay",
+                          {"lost_bookie_recovery_delay_s": 0}) == {"lost_bookie_recovery_delay_s": 0.0}
+        assert marked.wait(10), "not marked within 10 s of setting the delay to 0"
+        print(f"marked {time.monotonic() - t0:.2f} s after the delay was set to 0")
+        watch.cancel()
+        # (No repair: the ledger spans all 4 bookies, so no replacement exists; the mark stays.)
+        assert [m["ledger_id"] for m in ar.get("/api/v1/autorecovery/list_under_replicated_ledger")["ledgers"]] \
+            == [lh.ledger_id]
+    finally:
+        store.close()
+    assert ar.stop() == 0
