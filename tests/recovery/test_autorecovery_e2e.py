@@ -153,7 +153,7 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
         copied_min = (len(closed) * CLOSED_ENTRIES + len(opened) * (OPEN_ENTRIES - OPEN_SECOND_BATCH)) * 2 // 3 \
             - 2 * len(victim_ledgers)
         assert total("zbk_replicator_entries_copied_total") >= copied_min
-        assert ar.get("/api/v1/autorecovery/list_under_replicated_ledger") == {"ledgers": []}
+        assert ar.get("/api/v1/autorecovery/list_under_replicated_ledger") == {"ledgers": [], "repairs": []}
         print(f"repaired {len(victim_ledgers)} ledgers {t_repaired - t_kill:.1f} s after the kill "
               f"(test {time.monotonic() - t0:.1f} s)")
     finally:
@@ -181,7 +181,7 @@ def test_auditor_fails_over_and_delay_is_shared(rcluster) -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             leader.request("PUT", "/api/v1/autorecovery/lost_bookie_recovery_delay", bad)
         assert err.value.code == 400
-    assert leader.get("/api/v1/autorecovery/list_under_replicated_ledger") == {"ledgers": []}
+    assert leader.get("/api/v1/autorecovery/list_under_replicated_ledger") == {"ledgers": [], "repairs": []}
 
     leader.stop(kill=True)  # kill -9: its leader key lives until the lease (2 s) expires
     wait_until(lambda: other.get("/api/v1/autorecovery/who_is_auditor")["auditor"] == other.candidate_id,

@@ -5,6 +5,9 @@ for what it lost), and phase two by `zbk autorecovery` (recover, refill, clear l
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -83,6 +86,11 @@ def test_journal_off_kill9_limbo_is_repaired_by_autorecovery(rcluster) -> None:
                 assert r.status == Status.EUNKNOWN, f"ledger {lid}: {r.status!r}"
         marks = UnderReplicationRegistry(store, "test").list_repairs()
         assert {(m.ledger_id, m.bookie_id, m.why) for m in marks} == \
+            {(lid, victim.bookie_id, "limbo") for lid in acked}
+        listed = subprocess.run([sys.executable, "-m", "zbk.cli.main", "shell", "--metadata", rcluster.uri, "--json",
+                                 "listunderreplicated", "--repairs"], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert {(r["ledger_id"], r["bookie"], r["why"]) for r in json.loads(listed.stdout)} == \
             {(lid, victim.bookie_id, "limbo") for lid in acked}
 
         # The writers are fenced: the restarted bookie answers their adds EFENCED, which

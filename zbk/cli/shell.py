@@ -151,10 +151,18 @@ def _cookie(args: argparse.Namespace) -> None:
 def _listunderreplicated(args: argparse.Namespace) -> None:
     from zbk.recovery.underreplication import UnderReplicationRegistry
 
-    marks = [m.as_json() for m in UnderReplicationRegistry(_store(args), "zbk-shell").list()]
-    _out(args, marks, lambda ms: _rows(["ledger", "missing replicas"],
-                                       [[m["ledger_id"], ", ".join(m["missing_bookies"])] for m in ms])
-         if ms else "(no under-replicated ledgers)")
+    registry = UnderReplicationRegistry(_store(args), "zbk-shell")
+    marks = [m.as_json() for m in registry.list()]
+    repairs = [m.as_json() for m in registry.list_repairs()]
+    if args.json:  # the marks, as always; in-place repairs (limbo, damaged replicas) with --repairs
+        _out(args, repairs if args.repairs else marks)
+        return
+    text = _rows(["ledger", "missing replicas"], [[m["ledger_id"], ", ".join(m["missing_bookies"])] for m in marks]) \
+        if marks else "(no under-replicated ledgers)"
+    if repairs:
+        text += "\n\nin-place repairs pending:\n" + _rows(
+            ["ledger", "bookie", "why", "detail"], [[r["ledger_id"], r["bookie"], r["why"], r["detail"]] for r in repairs])
+    print(text)
 
 
 @command("whoisauditor", "the auto-recovery process that is the auditor now")
@@ -448,6 +456,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--data-dir", help="a bookie's data directory (offline tools)")
     p.add_argument("--bookie", help="bookie id host:port (readentry, ledgerentries)")
     p.add_argument("--readonly", action="store_true", help="listbookies: read-only bookies")
+    p.add_argument("--repairs", action="store_true",
+                   help="listunderreplicated --json: the in-place repairs (limbo, damaged replicas) instead")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a bookie")
     p.add_argument("--first", type=int, help="readledger: first entry id")

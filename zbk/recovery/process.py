@@ -9,7 +9,8 @@ rather than keep working without it (crash, don't limp). SIGTERM / SIGINT stop i
 workers finish their step, leadership and locks are released, the lease revoked.
 
 HTTP (loopback by default): /metrics, /heartbeat,
-GET /api/v1/autorecovery/list_under_replicated_ledger -> {"ledgers": [{ledger_id, missing_bookies, marked_ms}]},
+GET /api/v1/autorecovery/list_under_replicated_ledger -> {"ledgers": [{ledger_id, missing_bookies, marked_ms}],
+    "repairs": [{ledger_id, bookie, why, marked_ms, detail}]} (in-place repairs: limbo, damaged replicas),
 GET /api/v1/autorecovery/who_is_auditor -> {"auditor": id or null},
 GET|PUT /api/v1/autorecovery/lost_bookie_recovery_delay <-> {"lost_bookie_recovery_delay_s": seconds}.
 The process's candidate id is ``<http host>:<http port>`` of its admin API.
@@ -141,7 +142,8 @@ class AutoRecovery:
             return {"lost_bookie_recovery_delay_s": float(value)}
 
         self.http.route("GET", f"{base}/list_under_replicated_ledger",
-                        lambda _b: {"ledgers": [m.as_json() for m in self.registry.list()]})
+                        lambda _b: {"ledgers": [m.as_json() for m in self.registry.list()],
+                                    "repairs": [m.as_json() for m in self.registry.list_repairs()]})
         self.http.route("GET", f"{base}/who_is_auditor", lambda _b: {"auditor": current_leader(self.store)})
         self.http.route("GET", f"{base}/lost_bookie_recovery_delay",
                         lambda _b: {"lost_bookie_recovery_delay_s": get_recovery_delay(self.store)})
