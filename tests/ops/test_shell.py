@@ -119,3 +119,27 @@ def test_autorecovery_shell_commands(tmp_path):
     assert r.returncode == 0 and marks[0]["ledger_id"] == 7 and marks[0]["missing_bookies"] == ["127.0.0.1:9"]
     r = zbk("shell", "--metadata", uri, "listunderreplicated")
     assert "127.0.0.1:9" in r.stdout and "7" in r.stdout
+
+
+def test_every_metadata_command_reports_an_unreachable_store_with_exit_3():
+    """Each command that needs the metadata store, against an etcd nobody listens on: one
+    clear line and exit code 3, never a traceback. (Run side by side: each waits out the
+    store's retry budget.)"""
+    commands = [["listbookies"], ["listledgers"], ["ledgermetadata", "1"], ["deleteledger", "1"], ["instanceid"],
+                ["readledger", "1"], ["simpletest", "--entries", "1"], ["listunderreplicated"], ["whoisauditor"],
+                ["triggeraudit"], ["lostbookierecoverydelay"], ["lostbookierecoverydelay", "5"],
+                ["recover", "127.0.0.1:5"], ["cookie", "get", "127.0.0.1:5"]]
+    procs = []
+    try:
+        for cmd in commands:
+            argv = [sys.executable, "-m", "zbk.cli.main", "shell", "--metadata", "etcd://127.0.0.1:1/zbk", *cmd]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for cmd, p in zip(commands, procs, strict=True):
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 3, (cmd, p.returncode, err[-400:])
+            assert "Traceback" not in err and f"zbk shell {cmd[0]}:" in err, (cmd, err[-400:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

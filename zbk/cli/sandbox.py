@@ -7,23 +7,36 @@ Everything listens on 127.0.0.1. With ``--base-port P`` (default 3181) and N boo
   port P+i (so its bookie id is ``127.0.0.1:<P+i>``) and HTTP port P+1000+i
   (``/metrics``, ``/heartbeat``, ``/api/v1/bookie/info``). ``--base-port 0`` picks a free
   range below the kernel's ephemeral ports.
+* one auto-recovery process (auditor candidate and replicator workers), a real child
+  ``python -m zbk.cli.main autorecovery`` with HTTP port P+2000 (``/metrics``,
+  ``/api/v1/autorecovery/...``; its auditor candidate id is ``127.0.0.1:<P+2000>``), a port
+  outside the bookie ranges so that adding bookies later cannot collide with it. It starts
+  once every bookie has registered (or was given up on): started earlier, on a restart
+  with data, its auditor would count the not yet registered bookies as lost and mark
+  their ledgers under-replicated.
 * metadata is the embedded store ``sqlite:///<data dir>/meta.db`` unless ``--metadata``
   names another (e.g. ``etcd://127.0.0.1:2379/zbk``).
 * the data dir (default ``./zbk-sandbox``) holds ``bookie-<i>/`` (journal, ledgers,
-  index), ``logs/bookie-<i>.log``, ``sandbox.json`` (bookies, base port and metadata URI,
-  so that a restart on the same dir brings back the same cluster: same ports, same bookie
-  ids, matching cookies) and ``sandbox.lock`` (one sandbox per data dir).
+  index), ``logs/bookie-<i>.log``, ``logs/autorecovery.log``, ``sandbox.json`` (bookies,
+  base port and metadata URI, so that a restart on the same dir brings back the same
+  cluster: same ports, same bookie ids, matching cookies) and ``sandbox.lock`` (one
+  sandbox per data dir).
 
-While it runs it prints a status line (registered writable/readonly bookies and the ledger
-count, read from metadata every 2 s): rewritten in place on a terminal, a plain line every
-10 s (and on every change) otherwise. A bookie that exits on its own is reported and
-restarted with exponential backoff (1, 2, 4... s), at most 5 times in a row (a bookie that
-then stays up for a minute earns its retries back); a cookie mismatch is never retried.
+While it runs it prints a status line (running bookies, the auto-recovery process and
+who is the auditor, registered writable/readonly bookies, the ledger count and the
+under-replicated ledger count, read from metadata every 2 s): rewritten in place on a
+terminal, a plain line every 10 s (and on every change) otherwise. "ready" is printed
+once every bookie has registered and an auditor is elected. A child that exits on its own
+is reported and restarted with exponential backoff (1, 2, 4... s), at most 5 times in a
+row (a child that then stays up for a minute earns its retries back); a bookie's cookie
+mismatch and an auto-recovery configuration error are never retried.
 
-SIGINT, SIGTERM or SIGHUP stop the cluster: SIGTERM to every bookie by PID (each then
-checkpoints and clears its dirty marker), SIGKILL for any still running after 30 s (or
-at once on a second Ctrl-C), each exit code reported. Exit code 0 when
-every bookie stopped cleanly, 1 otherwise.
+SIGINT, SIGTERM or SIGHUP stop the cluster, by PID: SIGTERM to the auto-recovery process
+first (it resigns leadership and releases its ledger locks; stopped bookies must not look
+lost to a running auditor), then SIGTERM to every bookie (each then checkpoints and clears
+its dirty marker); SIGKILL for any child still running 30 s after its SIGTERM (or at once
+on a second Ctrl-C), each exit code reported. Exit code 0 when every started process
+stopped cleanly, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -43,9 +56,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol
 
-from zbk.errors import ConfigError, ZbkError
+from zbk.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, ConfigError, ZbkError
 
 if TYPE_CHECKING:
     from zbk.metadata.store import MetadataStore
@@ -53,14 +66,16 @@ if TYPE_CHECKING:
 DEFAULT_BASE_PORT = 3181
 DEFAULT_DATA_DIR = "zbk-sandbox"
 HTTP_PORT_OFFSET = 1000
+AUTORECOVERY_PORT_OFFSET = 2000  # above every bookie HTTP port (at most 100 bookies)
 LAYOUT_FILE = "sandbox.json"
 LOCK_FILE = "sandbox.lock"
 LOOPBACK = "127.0.0.1"
 
 TICK_S = 0.2  # how quickly a dead child or a signal is noticed
 STATUS_INTERVAL_S = 2.0  # metadata is read this often
+READY_POLL_S = 0.5  # ... and this often until the cluster is ready
 PLAIN_STATUS_INTERVAL_S = 10.0  # a non-terminal gets an unchanged status line this often
-STOP_TIMEOUT_S = 30.0  # a bookie's clean stop joins its actors (10 s each at worst)
+STOP_TIMEOUT_S = 30.0  # a bookie's clean stop joins its actors (10 s each at worst); per stop phase
 RESTART_MAX = 5
 RESTART_BACKOFF_BASE_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
@@ -71,14 +86,14 @@ AUTO_PORT_LOW, AUTO_PORT_HIGH = 10_000, 31_000
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sandbox", help="a whole local cluster: N bookies on embedded metadata",
+    p = sub.add_parser("sandbox", help="a whole local cluster: N bookies and auto-recovery on embedded metadata",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bookies", type=int, help="number of bookies (default 3, or as last time on this data dir)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"cluster directory (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", help="metadata URI (default sqlite:///<data dir>/meta.db)")
     p.add_argument("--base-port", type=int,
-                   help=f"bookie i listens on BASE+i, its HTTP on BASE+{HTTP_PORT_OFFSET}+i "
-                        f"(default {DEFAULT_BASE_PORT}; 0 picks free ports)")
+                   help=f"bookie i listens on BASE+i, its HTTP on BASE+{HTTP_PORT_OFFSET}+i, auto-recovery's "
+                        f"HTTP on BASE+{AUTORECOVERY_PORT_OFFSET} (default {DEFAULT_BASE_PORT}; 0 picks free ports)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="bookie config override passed to every bookie, this run only (repeatable)")
     p.add_argument("--json", action="store_true",
@@ -96,6 +111,8 @@ class BookieSpec:
     data_dir: str
     log: str
 
+    kind: ClassVar[str] = "bookie"
+
     @property
     def name(self) -> str:
         return f"bookie-{self.index}"
@@ -105,8 +122,75 @@ class BookieSpec:
         return f"{LOOPBACK}:{self.port}"
 
     @property
+    def ident(self) -> str:
+        return self.bookie_id
+
+    @property
     def http_url(self) -> str:
         return f"http://{LOOPBACK}:{self.http_port}"
+
+    def describe_exit(self, code: int) -> str:
+        return describe_exit(code)
+
+    def permanent_failure(self, code: int) -> str | None:
+        from zbk.actors.bookie import EXIT_COOKIE
+
+        return "its data dir does not belong to this cluster's metadata" if code == EXIT_COOKIE else None
+
+    def event_fields(self) -> dict[str, Any]:
+        return {"process": self.name, "bookie": self.name}
+
+
+@dataclass(frozen=True)
+class AutoRecoverySpec:
+    http_port: int
+    log: str
+
+    kind: ClassVar[str] = "autorecovery"
+    name: ClassVar[str] = "autorecovery"
+
+    @property
+    def candidate_id(self) -> str:
+        """Its auditor candidate id, as `zbk shell whoisauditor` shows it (zbk/recovery/process.py)."""
+        return f"{LOOPBACK}:{self.http_port}"
+
+    @property
+    def ident(self) -> str:
+        return self.candidate_id
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    def describe_exit(self, code: int) -> str:
+        return describe_autorecovery_exit(code)
+
+    def permanent_failure(self, code: int) -> str | None:
+        return "its configuration is invalid" if code == EXIT_USAGE else None
+
+    def event_fields(self) -> dict[str, Any]:
+        return {"process": self.name}
+
+
+class ChildSpec(Protocol):
+    """What the supervisor needs to know about one kind of child process."""
+
+    kind: ClassVar[str]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def log(self) -> str: ...
+
+    @property
+    def ident(self) -> str: ...  # how stop lines name it: a bookie id, an auditor candidate id
+
+    def describe_exit(self, code: int) -> str: ...
+
+    def permanent_failure(self, code: int) -> str | None: ...  # why an exit must not be retried
+
+    def event_fields(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -115,16 +199,19 @@ class Layout:
     metadata: str
     base_port: int
     bookies: tuple[BookieSpec, ...]
+    autorecovery: AutoRecoverySpec
 
     def saved(self) -> dict[str, Any]:
         return {"bookies": len(self.bookies), "base_port": self.base_port, "metadata": self.metadata}
 
 
 def make_layout(data_dir: str, metadata: str, base_port: int, n: int) -> Layout:
+    logs = os.path.join(data_dir, "logs")
     specs = tuple(BookieSpec(i, base_port + i, base_port + HTTP_PORT_OFFSET + i,
-                             os.path.join(data_dir, f"bookie-{i}"), os.path.join(data_dir, "logs", f"bookie-{i}.log"))
+                             os.path.join(data_dir, f"bookie-{i}"), os.path.join(logs, f"bookie-{i}.log"))
                   for i in range(n))
-    return Layout(data_dir, metadata, base_port, specs)
+    ar = AutoRecoverySpec(base_port + AUTORECOVERY_PORT_OFFSET, os.path.join(logs, "autorecovery.log"))
+    return Layout(data_dir, metadata, base_port, specs, ar)
 
 
 def resolve_layout(args: argparse.Namespace) -> Layout:
@@ -145,9 +232,9 @@ def resolve_layout(args: argparse.Namespace) -> Layout:
         base = DEFAULT_BASE_PORT
     elif base == 0:
         base = pick_free_base_port(n)
-    if not 1024 <= base <= 65535 - HTTP_PORT_OFFSET - n:
-        raise ConfigError(f"--base-port must leave room for {n} bookie and HTTP ports "
-                          f"(1024..{65535 - HTTP_PORT_OFFSET - n}), got {base}")
+    if not 1024 <= base <= 65535 - AUTORECOVERY_PORT_OFFSET:
+        raise ConfigError(f"--base-port must leave room for the bookie, HTTP and auto-recovery ports "
+                          f"(1024..{65535 - AUTORECOVERY_PORT_OFFSET}), got {base}")
     return make_layout(data_dir, metadata, base, n)
 
 
@@ -187,23 +274,26 @@ def port_free(port: int) -> bool:
 
 
 def _ports(base: int, n: int) -> list[int]:
-    return [base + i for i in range(n)] + [base + HTTP_PORT_OFFSET + i for i in range(n)]
+    return ([base + i for i in range(n)] + [base + HTTP_PORT_OFFSET + i for i in range(n)]
+            + [base + AUTORECOVERY_PORT_OFFSET])
 
 
 def pick_free_base_port(n: int, attempts: int = 200) -> int:
     for _ in range(attempts):
-        base = random.randrange(AUTO_PORT_LOW, AUTO_PORT_HIGH - HTTP_PORT_OFFSET - n)
+        base = random.randrange(AUTO_PORT_LOW, AUTO_PORT_HIGH - AUTORECOVERY_PORT_OFFSET)
         if all(port_free(p) for p in _ports(base, n)):
             return base
-    raise ZbkError(f"no free range of {n} + {n} ports found on {LOOPBACK}")
+    raise ZbkError(f"no free set of {n} + {n} + 1 ports found on {LOOPBACK}")
 
 
 def check_ports(layout: Layout) -> None:
-    for b in layout.bookies:
-        for port, what in ((b.port, "wire"), (b.http_port, "HTTP")):
-            if not port_free(port):
-                raise ZbkError(f"port {port} ({b.name} {what}) is in use on {LOOPBACK}: is a bookie of an earlier "
-                               f"sandbox still running? (or choose another --base-port with a new --data-dir)")
+    wanted = [(port, f"{b.name} {what}") for b in layout.bookies
+              for port, what in ((b.port, "wire"), (b.http_port, "HTTP"))]
+    wanted.append((layout.autorecovery.http_port, "autorecovery HTTP"))
+    for port, what in wanted:
+        if not port_free(port):
+            raise ZbkError(f"port {port} ({what}) is in use on {LOOPBACK}: is a process of an earlier "
+                           f"sandbox still running? (or choose another --base-port with a new --data-dir)")
 
 
 def lock_data_dir(data_dir: str) -> IO[str]:
@@ -232,6 +322,11 @@ def bookie_argv(layout: Layout, b: BookieSpec, settings: list[str], verbose: boo
     for kv in settings:
         argv += ["--set", kv]
     return argv
+
+
+def autorecovery_argv(layout: Layout, verbose: bool) -> list[str]:
+    return [sys.executable, "-m", "zbk.cli.main", *(["-v"] if verbose else []), "autorecovery",
+            "--metadata", layout.metadata, "--http-port", str(layout.autorecovery.http_port)]
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -295,11 +390,20 @@ def describe_exit(code: int) -> str:
     return f"exit {code}"
 
 
+def describe_autorecovery_exit(code: int) -> str:
+    """Exit codes of `zbk autorecovery` (zbk/recovery/process.py and zbk/cli/main.py)."""
+    if code <= 0:
+        return describe_exit(code)
+    why = {EXIT_FAILED: "lease lost or a worker crashed", EXIT_USAGE: "bad configuration",
+           EXIT_UNREACHABLE: "cannot reach metadata"}.get(code)
+    return f"exit {code} ({why})" if why else f"exit {code}"
+
+
 @dataclass
 class Supervised:
-    """One bookie child and its restart state."""
+    """One child process (a bookie or the auto-recovery process) and its restart state."""
 
-    spec: BookieSpec
+    spec: ChildSpec
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
@@ -320,8 +424,7 @@ class Supervised:
 
     def supervise(self, now: float, out: Output) -> None:
         """Notice an unexpected exit and schedule (or give up on) a restart; restart when due."""
-        from zbk.actors.bookie import EXIT_COOKIE
-
+        spec = self.spec
         if self.proc is not None:
             code = self.proc.poll()
             if code is None:
@@ -329,22 +432,22 @@ class Supervised:
                     self.restarts = 0
                 return
             pid, self.proc = self.proc.pid, None
-            if code == EXIT_COOKIE or self.restarts >= RESTART_MAX:
-                why = ("its data dir does not belong to this cluster's metadata" if code == EXIT_COOKIE
-                       else f"{RESTART_MAX} restarts in a row")
-                self.failed = describe_exit(code)
-                out.event("failed", f"{self.spec.name} (pid {pid}) {describe_exit(code)}; not restarting: {why}; "
-                          f"see {self.spec.log}", bookie=self.spec.name, pid=pid, code=code)
+            why = spec.permanent_failure(code) or (f"{RESTART_MAX} restarts in a row"
+                                                   if self.restarts >= RESTART_MAX else None)
+            if why is not None:
+                self.failed = spec.describe_exit(code)
+                out.event("failed", f"{spec.name} (pid {pid}) {self.failed}; not restarting: {why}; "
+                          f"see {spec.log}", **spec.event_fields(), pid=pid, code=code)
                 return
             delay = min(RESTART_BACKOFF_BASE_S * 2 ** self.restarts, RESTART_BACKOFF_MAX_S)
             self.restart_at = now + delay
-            out.event("exited", f"{self.spec.name} (pid {pid}) {describe_exit(code)}; restarting in {delay:.0f} s "
-                      f"({self.restarts + 1}/{RESTART_MAX}); see {self.spec.log}",
-                      bookie=self.spec.name, pid=pid, code=code, restart_in_s=delay)
+            out.event("exited", f"{spec.name} (pid {pid}) {spec.describe_exit(code)}; restarting in {delay:.0f} s "
+                      f"({self.restarts + 1}/{RESTART_MAX}); see {spec.log}",
+                      **spec.event_fields(), pid=pid, code=code, restart_in_s=delay)
         elif self.restart_at is not None and now >= self.restart_at:
             self.restarts += 1
             self.start(now)
-            out.event("restarted", f"{self.spec.name} restarted (pid {self.pid})", bookie=self.spec.name, pid=self.pid)
+            out.event("restarted", f"{spec.name} restarted (pid {self.pid})", **spec.event_fields(), pid=self.pid)
 
     def problem(self, now: float) -> str | None:
         if self.failed:
@@ -355,23 +458,36 @@ class Supervised:
 
 
 # -- output -----------------------------------------------------------------------------------
+AR_RUNNING, AR_WAITING, AR_DOWN = "running", "waiting", "down"
+
+
 @dataclass
 class Status:
     running: int
     bookies: int
+    autorecovery: str  # AR_RUNNING | AR_WAITING (for the bookies to register) | AR_DOWN (see problems)
     writable: int
     readonly: int
     ledgers: int | None  # None: metadata unreachable
+    under_replicated: int | None = None
+    auditor: str | None = None
     problems: list[str] = field(default_factory=list)
 
     def text(self) -> str:
+        parts = [f"{self.running}/{self.bookies} bookies running"]
+        if self.autorecovery == AR_RUNNING:
+            parts.append("autorecovery running")
+        elif self.autorecovery == AR_WAITING:
+            parts.append("autorecovery waits for the bookies")
         # Without metadata (ledgers None) the problems say why; the counts would be made up.
-        meta = ([f"{self.writable} writable, {self.readonly} readonly, {self.ledgers} ledgers"]
-                if self.ledgers is not None else [])
-        return ", ".join([f"{self.running}/{self.bookies} bookies running", *meta, *self.problems])
+        if self.ledgers is not None:
+            parts.append(f"{self.writable} writable, {self.readonly} readonly, {self.ledgers} ledgers, "
+                         f"{self.under_replicated} under-replicated, auditor {self.auditor or 'none'}")
+        return ", ".join([*parts, *self.problems])
 
     def key(self) -> tuple[Any, ...]:  # what counts as a change worth a line (not the ledger count)
-        return (self.running, self.writable, self.readonly, self.ledgers is None, tuple(self.problems))
+        return (self.running, self.autorecovery, self.writable, self.readonly, self.ledgers is None,
+                self.under_replicated, self.auditor, tuple(self.problems))
 
 
 class Output:
@@ -406,18 +522,25 @@ class Output:
         self._write(text + "\n")
 
     def description(self, layout: Layout, pids: dict[str, int | None]) -> None:
+        ar = layout.autorecovery
         if self.as_json:
             self.lines(json.dumps({"event": "cluster", "metadata": layout.metadata, "data_dir": layout.data_dir,
                                    "base_port": layout.base_port, "pid": os.getpid(),
                                    "bookies": [{"name": b.name, "id": b.bookie_id, "port": b.port,
                                                 "http_port": b.http_port, "http": b.http_url,
                                                 "metrics": f"{b.http_url}/metrics", "data_dir": b.data_dir,
-                                                "log": b.log, "pid": pids[b.name]} for b in layout.bookies]}))
+                                                "log": b.log, "pid": pids[b.name]} for b in layout.bookies],
+                                   "autorecovery": {"name": ar.name, "id": ar.candidate_id, "http_port": ar.http_port,
+                                                    "http": ar.http_url, "metrics": f"{ar.http_url}/metrics",
+                                                    "log": ar.log, "pid": pids[ar.name]}}))
             return
-        rows = [f"zbk sandbox: {len(layout.bookies)} bookies, data in {layout.data_dir}",
+        rows = [f"zbk sandbox: {len(layout.bookies)} bookies and auto-recovery, data in {layout.data_dir}",
                 f"  metadata  {layout.metadata}"]
         rows += [f"  {b.name}  id {b.bookie_id}  metrics {b.http_url}/metrics  pid {pids[b.name]}  log {b.log}"
                  for b in layout.bookies]
+        ar_pid = pids[ar.name]
+        rows.append(f"  {ar.name}  auditor candidate {ar.candidate_id}  metrics {ar.http_url}/metrics  "
+                    f"{f'pid {ar_pid}' if ar_pid else 'starts once the bookies have registered'}  log {ar.log}")
         rows.append("Ctrl-C stops the cluster.")
         self.lines("\n".join(rows))
 
@@ -437,7 +560,9 @@ class Output:
         self._last_key, self._last_plain = st.key(), now
         if self.as_json:
             self.lines(json.dumps({"event": "status", "running": st.running, "bookies": st.bookies,
-                                   "writable": st.writable, "readonly": st.readonly, "ledgers": st.ledgers,
+                                   "autorecovery": st.autorecovery, "writable": st.writable,
+                                   "readonly": st.readonly, "ledgers": st.ledgers,
+                                   "under_replicated": st.under_replicated, "auditor": st.auditor,
                                    "problems": st.problems}))
         else:
             self.lines(f"[{time.strftime('%H:%M:%S')}] {st.text()}")
@@ -462,22 +587,36 @@ class StopSignals:
         self.count += 1
 
 
+@dataclass
+class ClusterView:
+    """What metadata says about the cluster, read once per status tick."""
+
+    writable: set[str]
+    readonly: set[str]
+    ledgers: int
+    under_replicated: int
+    auditor: str | None
+
+
 class Sandbox:
     def __init__(self, layout: Layout, store: MetadataStore, out: Output, signals: StopSignals, *,
                  settings: list[str], verbose: bool) -> None:
         self.layout, self.store, self.out, self.signals = layout, store, out, signals
-        self.children = [Supervised(b, bookie_argv(layout, b, settings, verbose)) for b in layout.bookies]
-        # Autorecovery (auditor + replicator workers) is not started yet: `zbk autorecovery`
-        # (zbk/recovery/process.py) is still being built. Once it is done, it is started here
-        # as one more supervised child (`zbk autorecovery --metadata <uri> --http-port
-        # <base+2000>`, a port outside the bookie ranges so that adding bookies later cannot
-        # collide with it), restarted and stopped like the bookies.
+        self.bookies = [Supervised(b, bookie_argv(layout, b, settings, verbose)) for b in layout.bookies]
+        # Restarted and stopped like the bookies, but started only once they have registered
+        # (see the module docstring), and stopped before them.
+        self.autorecovery = Supervised(layout.autorecovery, autorecovery_argv(layout, verbose))
+        self.autorecovery_started = False
         self.ready = False
+
+    @property
+    def children(self) -> list[Supervised]:
+        return [*self.bookies, self.autorecovery]
 
     def run(self) -> int:
         try:
             now = time.monotonic()
-            for c in self.children:
+            for c in self.bookies:
                 c.start(now)
             self.out.description(self.layout, {c.spec.name: c.pid for c in self.children})
             self._loop()
@@ -495,57 +634,100 @@ class Sandbox:
                 c.supervise(now, self.out)
             if now >= next_status:
                 self.out.status(self.status(now), now)
-                next_status = now + STATUS_INTERVAL_S
+                # Until ready, look more often: starting auto-recovery and saying "ready"
+                # should not wait for the slow status cadence.
+                next_status = now + (STATUS_INTERVAL_S if self.ready else READY_POLL_S)
             time.sleep(TICK_S)
 
-    def status(self, now: float) -> Status:
+    def read_cluster(self) -> ClusterView:
+        from zbk.metadata.coordination import current_leader
         from zbk.metadata.registry import LedgerStore, list_bookies
+        from zbk.recovery.underreplication import UnderReplicationRegistry
 
-        st = Status(running=sum(c.alive() for c in self.children), bookies=len(self.children), writable=0,
-                    readonly=0, ledgers=None, problems=[p for c in self.children if (p := c.problem(now))])
+        return ClusterView(writable={r.bookie_id for r in list_bookies(self.store)},
+                           readonly={r.bookie_id for r in list_bookies(self.store, readonly=True)},
+                           ledgers=sum(1 for _ in LedgerStore(self.store).list_ids()),
+                           under_replicated=UnderReplicationRegistry(self.store, "zbk-sandbox").count(),
+                           auditor=current_leader(self.store))
+
+    def status(self, now: float) -> Status:
+        """Read metadata, start auto-recovery or say "ready" when due, and sum it all up."""
+        view: ClusterView | None = None
+        error = None
         try:
-            writable = {r.bookie_id for r in list_bookies(self.store)}
-            readonly = {r.bookie_id for r in list_bookies(self.store, readonly=True)}
-            st.ledgers = sum(1 for _ in LedgerStore(self.store).list_ids())
+            view = self.read_cluster()
         except Exception as e:  # noqa: BLE001 - a failed status read must not take the cluster down
-            st.problems.append(f"metadata: {e}")
+            error = f"metadata: {e}"
+        if view is not None:
+            self._advance(view, now)
+        ar = self.autorecovery
+        st = Status(running=sum(c.alive() for c in self.bookies), bookies=len(self.bookies),
+                    autorecovery=(AR_RUNNING if ar.alive() else AR_DOWN if self.autorecovery_started else AR_WAITING),
+                    writable=0, readonly=0, ledgers=None,
+                    problems=[p for c in self.children if (p := c.problem(now))])
+        if view is None:
+            st.problems.append(str(error))
             return st
-        st.writable, st.readonly = len(writable), len(readonly)
-        ours = {c.spec.bookie_id for c in self.children}
-        if not self.ready and ours <= writable | readonly:
-            self.ready = True
-            self.out.event("ready", f"ready: all {len(ours)} bookies registered in {self.layout.metadata}",
-                           metadata=self.layout.metadata, bookies=sorted(ours))
+        st.writable, st.readonly, st.ledgers = len(view.writable), len(view.readonly), view.ledgers
+        st.under_replicated, st.auditor = view.under_replicated, view.auditor
         return st
 
+    def _advance(self, view: ClusterView, now: float) -> None:
+        registered = view.writable | view.readonly
+        settled = all(b.bookie_id in registered or c.failed for b, c in zip(self.layout.bookies, self.bookies,
+                                                                            strict=True))
+        if settled and not self.autorecovery_started:
+            ar, spec = self.autorecovery, self.layout.autorecovery
+            ar.start(now)
+            self.autorecovery_started = True
+            self.out.event("started", f"{spec.name} started (pid {ar.pid}): auditor candidate {spec.candidate_id}, "
+                           f"metrics {spec.http_url}/metrics", **spec.event_fields(), pid=ar.pid,
+                           http=spec.http_url)
+        ours = {b.bookie_id for b in self.layout.bookies}
+        if not self.ready and ours <= registered and view.auditor is not None:
+            self.ready = True
+            self.out.event("ready", f"ready: all {len(ours)} bookies registered in {self.layout.metadata}, "
+                           f"auditor {view.auditor}", metadata=self.layout.metadata, bookies=sorted(ours),
+                           auditor=view.auditor)
+
     def stop_all(self) -> int:
-        """SIGTERM every running child by PID, wait, SIGKILL stragglers; report each exit."""
-        running = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        """Stop auto-recovery, then the bookies (see the module docstring); report each exit."""
+        signals_seen = self.signals.count
+        clean = self._stop_group([self.autorecovery], "autorecovery", signals_seen)
+        clean &= self._stop_group(self.bookies, f"{len(self.bookies)} bookies", signals_seen)
+        self.out.event("exit", f"sandbox stopped: {'every process stopped cleanly' if clean else 'NOT all clean'}",
+                       code=0 if clean else 1)
+        return 0 if clean else 1
+
+    def _stop_group(self, group: list[Supervised], what: str, signals_seen: int) -> bool:
+        """SIGTERM every running child of ``group`` by PID, wait, SIGKILL stragglers; True
+        if every child that was started stopped cleanly."""
+        running = [c.proc for c in group if c.proc is not None and c.proc.poll() is None]
         if running:
-            self.out.event("stopping", f"stopping {len(running)} bookies (SIGTERM)...", bookies=len(running))
+            self.out.event("stopping", f"stopping {what} (SIGTERM)...", group=group[0].spec.kind,
+                           processes=len(running))
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
-        signals_seen = self.signals.count
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while (any(p.poll() is None for p in running) and time.monotonic() < deadline
                and self.signals.count == signals_seen):  # another Ctrl-C: stop waiting
             time.sleep(0.05)
         clean = True
-        for c in self.children:
+        for c in group:
             clean &= self._reap(c, was_running=c.proc in running)
-        self.out.event("exit", f"sandbox stopped: {'every bookie stopped cleanly' if clean else 'NOT all clean'}",
-                       code=0 if clean else 1)
-        return 0 if clean else 1
+        return clean
 
     def _reap(self, c: Supervised, *, was_running: bool) -> bool:
-        """Report how one child ended; True if it was running and stopped cleanly."""
-        name, proc = c.spec.name, c.proc
+        """Report how one child ended; True if it stopped cleanly (or was never due to start)."""
+        spec, proc = c.spec, c.proc
         if proc is None:
-            why = c.failed or ("restart pending" if c.restart_at is not None else "not started")
-            self.out.event("stopped", f"  {name} {c.spec.bookie_id}: was not running ({why})", bookie=name,
+            never = c is self.autorecovery and not self.autorecovery_started
+            why = ("not started: the bookies had not all registered" if never
+                   else c.failed or ("restart pending" if c.restart_at is not None else "not started"))
+            self.out.event("stopped", f"  {spec.name} {spec.ident}: was not running ({why})", **spec.event_fields(),
                            pid=None, code=None)
-            return False
+            return never
         killed = proc.poll() is None
         if killed:
             with contextlib.suppress(ProcessLookupError):
@@ -554,8 +736,8 @@ class Sandbox:
         note = " after SIGKILL (did not stop in time)" if killed else ""
         if not was_running:
             note = " (it had exited on its own just before the stop)"
-        self.out.event("stopped", f"  {name} {c.spec.bookie_id} pid {proc.pid}: {describe_exit(code)}{note}",
-                       bookie=name, pid=proc.pid, code=code)
+        self.out.event("stopped", f"  {spec.name} {spec.ident} pid {proc.pid}: {spec.describe_exit(code)}{note}",
+                       **spec.event_fields(), pid=proc.pid, code=code)
         return code == 0 and not killed and was_running
 
 
