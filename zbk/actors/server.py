@@ -6,7 +6,11 @@ decodes and validates requests, enforces fencing / master key / limbo / read-onl
 the work to the other actors and replies. It never touches a disk.
 
 Rules it enforces (docs/protocol.md):
-- a wrong master key is EUA and nothing is stored or fenced;
+- a wrong master key is EUA and nothing is stored or fenced; the key is checked on every
+  add, fencing read, WRITE_LAC and WRITE_CLOSE, and on plain reads that carry one;
+- work in flight is bounded (requests waiting for another actor, long polls, and the bytes
+  of adds not yet acknowledged): beyond the bounds a request is answered ETOOMANYREQUESTS
+  at once, so a flood costs memory proportional to the bounds, not to the flood;
 - a plain add to a fenced ledger is EFENCED; a RECOVERY_ADD is accepted;
 - fencing (FENCE flag on READ_ENTRY / READ_LAC) is journaled and fsynced before the reply,
   and creates the ledger here if this bookie has never seen it (BP-46);
@@ -85,6 +89,7 @@ class PendingAdd:
     max_lac: int
     started: float
     need_sync: bool
+    nbytes: int = 0  # bytes of entry blobs, counted against pending_add_bytes_max
     appended: bool = False
     synced: bool = False
     failed: Status | None = None
@@ -109,7 +114,9 @@ class ServerCore:
 
     def __init__(self, *, ledgers: dict[int, LedgerState], journal_write_data: bool, max_frame_bytes: int,
                  reply: Reply, read_only: bool = False, read_only_mode_enabled: bool = True,
-                 on_state_change: Callable[[bool], None] | None = None, tick_interval_s: float = 0.05) -> None:
+                 on_state_change: Callable[[bool], None] | None = None, tick_interval_s: float = 0.05,
+                 pending_requests_max: int = limits.server_pending_requests_max,
+                 pending_add_bytes_max: int = limits.server_pending_add_bytes_max) -> None:
         self.ledgers = ledgers
         self.journal_write_data = journal_write_data
         self.max_frame_bytes = max_frame_bytes
@@ -126,6 +133,10 @@ class ServerCore:
         self.reads: dict[int, PendingRead] = {}
         self.disk_usage = (0, 0)
         self.polling: set[int] = set()  # ledgers with long-poll waiters
+        self.pending_requests_max = pending_requests_max
+        self.pending_add_bytes_max = pending_add_bytes_max
+        self.long_polls = 0  # waiters over all ledgers
+        self.add_bytes = 0  # entry bytes of the adds in self.adds
         self.last_checkpoint: tuple[int, int] | None = None
         self._publish_counts()
 
@@ -181,13 +192,26 @@ class ServerCore:
             m.BAD_FRAMES_TOTAL.labels("answered").inc()
             self.reply(ident, encode(w.ErrorResponse(rid=e.rid, status=e.status)))
             return
-        if len(self.adds) + len(self.reads) >= limits.server_pending_requests_max:
+        if self._overloaded(req):
             m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], "ETOOMANYREQUESTS").inc()
             self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
             return
         handler = self._handlers.get(type(req))
         assert handler is not None, f"no handler for {type(req).__name__}"
         handler(self, ident, req, now)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet answered (waiting for another actor, or polling)."""
+        return len(self.adds) + len(self.reads) + len(self.meta_waiters) + self.long_polls
+
+    def _overloaded(self, req: Any) -> bool:
+        if self.in_flight >= self.pending_requests_max:
+            return True
+        # One add is always let through when none is in flight, so that the byte bound can
+        # never refuse every add (a request is at most max_frame_bytes anyway).
+        return (isinstance(req, w.AddRequest) and self.add_bytes > 0
+                and self.add_bytes + _blob_bytes(req) > self.pending_add_bytes_max)
 
     def _error(self, ident: bytes, req: Any, status: Status) -> None:
         """Answer ``req`` with ``status`` in the response type of its op."""
@@ -278,7 +302,9 @@ class ServerCore:
             # EntryLogger, and one commit covers everything received before it.
             self.outbox.send("journal", JournalMeta(batch, meta))
             need_sync = True
-        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync)
+        nbytes = _blob_bytes(req)
+        self.add_bytes += nbytes
+        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes)
         self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, [bytes(b) for b in req.entries], self.journal_write_data))
 
     def _on_appended(self, msg: Appended, now: float) -> None:
@@ -301,6 +327,7 @@ class ServerCore:
         if not p.appended or (p.need_sync and not p.synced and p.failed is None):
             return
         del self.adds[batch]
+        self.add_bytes -= p.nbytes
         status = p.failed or Status.EOK
         if status == Status.EOK:
             state = self.ledgers[p.ledger_id]
@@ -359,14 +386,24 @@ class ServerCore:
         else:  # WriteLac / Force: plain acknowledgement
             self._ok(waiter.ident, req)
 
+    def _key_refused(self, ident: bytes, req: Any) -> bool:
+        """A plain read may carry the master key; if it does, it must be the right one."""
+        if req.master_key is None or self._check_key(self.ledgers.get(req.ledger_id), req.master_key):
+            return False
+        self._error(ident, req, Status.EUA)
+        return True
+
     def _on_read(self, ident: bytes, req: w.ReadRequest, now: float) -> None:
         if req.flags & w.ReadFlag.FENCE:
             if not self._fence_then(ident, req, now):
                 return
+        elif self._key_refused(ident, req):
+            return
         state = self.ledgers.get(req.ledger_id)
         if req.flags & w.ReadFlag.LONG_POLL and state is not None and state.lac <= req.previous_lac:
             timeout = min(req.timeout_ms, limits.long_poll_timeout_ms_max) / 1000.0
             state.waiters.append(LongPoll(ident, req, now + timeout, now))
+            self.long_polls += 1
             self.polling.add(req.ledger_id)
             return
         self._start_read(ident, req, now)
@@ -394,8 +431,10 @@ class ServerCore:
 
     def _on_read_result(self, msg: ReadResult, now: float) -> None:
         p = self.reads.pop(msg.ctx)
-        if msg.error and not msg.blobs:
-            self._finish_read(p.ident, p.req, Status.EIO, [], p.started, now)
+        if msg.error:
+            # The entries before the damaged one, and EIO for the damaged one: the status of
+            # a read response is that of the first entry not returned (docs/protocol.md).
+            self._finish_read(p.ident, p.req, Status.EIO, msg.blobs, p.started, now)
             return
         self._reply_read(p.ident, p.req, msg.blobs, lid_known=msg.ledger_known or msg.ledger_id in self.ledgers,
                          started=p.started, now=now)
@@ -426,6 +465,7 @@ class ServerCore:
         if state.waiters:
             ready = [wt for wt in state.waiters if wt.req.previous_lac < lac]
             state.waiters = [wt for wt in state.waiters if wt.req.previous_lac >= lac]
+            self.long_polls -= len(ready)
             if not state.waiters:
                 self.polling.discard(lid)
             for wt in ready:
@@ -435,6 +475,8 @@ class ServerCore:
         if req.flags & w.ReadFlag.FENCE:
             if not self._fence_then(ident, req, now):
                 return
+        elif self._key_refused(ident, req):
+            return
         self._reply_lac(ident, req)
 
     def _reply_lac(self, ident: bytes, req: w.ReadLacRequest) -> None:
@@ -596,6 +638,7 @@ class ServerCore:
                     self._reply_read(wt.ident, wt.req, [], lid_known=True, started=wt.started, now=now)
                 else:
                     keep.append(wt)
+            self.long_polls -= len(state.waiters) - len(keep)
             state.waiters = keep
             if not keep:
                 self.polling.discard(lid)
@@ -622,6 +665,7 @@ class ServerCore:
                 continue
             state = self.ledgers.pop(lid, None)
             if state is not None:
+                self.long_polls -= len(state.waiters)
                 for wt in state.waiters:  # long polls on a deleted ledger end now
                     self._finish_read(wt.ident, wt.req, Status.ENOLEDGER, [], wt.started, now)
                 self.polling.discard(lid)
@@ -635,6 +679,10 @@ _OP_NAMES: dict[type, str] = {
     w.ForceLedgerRequest: "force_ledger", w.WriteCloseRequest: "write_close", w.BookieInfoRequest: "bookie_info",
     w.ListEntriesRequest: "list_entries", w.ClearLimboRequest: "clear_limbo",
 }
+
+
+def _blob_bytes(req: w.AddRequest) -> int:
+    return sum(len(b) for b in req.entries)
 
 
 def _entry_bounds(req: w.AddRequest) -> tuple[int, int]:
