@@ -35,7 +35,15 @@ Slots (from offset 128; slot ``e`` at ``128 + 16 * e``; pages of ``index_page_en
     read, and catches what disks actually do to a slot (zeros, garbage, misplacement).
 
 A whole page is written at a time (pages are the unit of caching in the ledger cache);
-rewriting a page rewrites unchanged slots with identical bytes.
+rewriting a page rewrites unchanged slots with identical bytes. So a file ends on a page
+boundary, except after a crash in the middle of a write that extended it: the kernel grows
+a file's size one page-cache page (4 KiB) at a time, so a torn extension ends on a 4 KiB
+boundary, and its missing slots read as absent (journal replay puts them back). A last
+page that ends anywhere else was cut by something other than a crash: reading it is
+:class:`CorruptDataError` (never "the entries past the cut are absent", which would be an
+explicit negative for acknowledged entries). A cut on a 4 KiB boundary, or one that removes
+whole pages, cannot be told from a torn write or from pages never written: the format has
+no page count to check it against (docs/reliability.md, "Known limits").
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ _HEADER = struct.Struct("<8sIIQqB64s27x")
 _CRC = struct.Struct("<I")
 HEADER_BYTES = _HEADER.size + _CRC.size  # 128
 _LITTLE = sys.byteorder == "little"
+_TORN_SIZE_GRANULE = 4096  # a crash leaves a growing file's size on a page-cache page boundary
 
 
 @dataclass
@@ -141,9 +150,14 @@ def page_count(file_size: int) -> int:
     return max(0, -(-(file_size - HEADER_BYTES) // PAGE_BYTES))
 
 
-def read_page(fd: int, page_no: int) -> array.array[int]:
-    """A page from the file; bytes past the end read as absent slots."""
+def read_page(fd: int, page_no: int, path: str = "") -> array.array[int]:
+    """A page from the file; slots past the end read as absent, unless the file ends inside
+    the page somewhere a torn write cannot leave it: :class:`CorruptDataError` (truncated)."""
     data = os.pread(fd, PAGE_BYTES, page_offset(page_no))
+    if 0 < len(data) < PAGE_BYTES and (page_offset(page_no) + len(data)) % _TORN_SIZE_GRANULE:
+        raise CorruptDataError(f"index page {page_no} is cut short ({len(data)} of {PAGE_BYTES} bytes): "
+                               "the file was truncated", path=path or _fd_path(fd),
+                               offset=page_offset(page_no) + len(data))
     page = array.array("Q", data[: len(data) - len(data) % 8])
     if not _LITTLE:
         page.byteswap()
@@ -151,6 +165,14 @@ def read_page(fd: int, page_no: int) -> array.array[int]:
     if missing:
         page.frombytes(bytes(8 * missing))
     return page
+
+
+def _fd_path(fd: int) -> str:
+    """The file behind ``fd``, for error messages (Linux /proc; else the descriptor)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"<fd {fd}>"
 
 
 def write_page(disk: Disk, fd: int, page_no: int, page: array.array[int]) -> None:
