@@ -152,8 +152,9 @@ class ClientConfig:
     speculative_read_ms: int = limits.client_speculative_read_ms_default
     pending_adds_max: int = limits.client_pending_adds_max
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
-    curve_server_keys_dir: str = ""
-    curve_secret_key_file: str = ""
+    curve_server_keys_dir: str = ""  # per-bookie public keys: <host>_<port>.key, or server.key
+    curve_server_public_key_file: str = ""  # one public key for every bookie
+    curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
 
     def validate(self) -> ClientConfig:
         _positive("add_timeout_ms", self.add_timeout_ms)
@@ -161,6 +162,10 @@ class ClientConfig:
         _positive("speculative_read_ms", self.speculative_read_ms)
         _positive("pending_adds_max", self.pending_adds_max)
         _positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
+        server_key = bool(self.curve_server_public_key_file or self.curve_server_keys_dir)
+        if bool(self.curve_secret_key_file) != server_key:
+            raise ConfigError("CURVE: curve_secret_key_file goes with curve_server_public_key_file "
+                              "or curve_server_keys_dir")
         return self
 
 

@@ -12,6 +12,8 @@ are contained (docs/reliability.md, "Resources"):
   is *stalled* for ``server_peer_stall_s``: its requests are dropped unread, so a client that
   does not read its answers costs at most one pipe of replies, and no disk reads.
 * Frames over max_frame_bytes never reach Python (ZMQ_MAXMSGSIZE drops the peer).
+* With CURVE configured (zbk/wire/curve.py), only clients whose public key is authorized
+  complete the handshake; nothing from anyone else reaches the Server.
 * The disk checker runs every ``disk_check_interval`` and also as soon as the bytes received
   since the last check could have used a quarter of the space left below the read-only
   threshold, so a burst of adds cannot run the disk full between two timed checks.
@@ -32,6 +34,7 @@ from zbk import limits
 from zbk.actors.base import ActorLoop
 from zbk.actors.journal import JournalCore
 from zbk.actors.server import ServerCore
+from zbk.wire.curve import CurveServer
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class ServerLoop(ActorLoop):
     def __init__(self, *, endpoint: str, max_frame_bytes: int,
                  disk_probe: Callable[[], tuple[int, int]] | None = None,
                  disk_check_interval_s: float = 10.0, disk_thresholds: tuple[float, float] = (0.95, 0.90),
-                 curve: Callable[[zmq.Socket[Any]], None] | None = None, **kw: Any) -> None:
+                 curve: CurveServer | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.endpoint = endpoint
         self.max_frame_bytes = max_frame_bytes
@@ -72,8 +75,8 @@ class ServerLoop(ActorLoop):
         # Frames over max_frame_bytes are dropped by libzmq itself (and the peer disconnected):
         # an oversized message never reaches Python memory.
         r.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes + limits.header_bytes_max)
-        if self.curve:
-            self.curve(r)
+        if self.curve is not None:
+            self.curve.apply(r)  # CURVE server + ZAP handler: unknown clients never get through
         r.bind(self.endpoint)
         self.bound = r.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.router = r
@@ -133,6 +136,10 @@ class ServerLoop(ActorLoop):
 
     def poll_timeout_ms(self) -> float:
         return 50.0
+
+    def teardown(self) -> None:
+        if self.curve is not None:
+            self.curve.close()
 
 
 class JournalLoop(ActorLoop):

@@ -41,6 +41,14 @@ def _bookie(args: argparse.Namespace) -> int:
     return run_bookie(cfg, stop=stop)
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from zbk.wire.curve import generate_keypair
+
+    public, secret = generate_keypair(args.dir, args.name)
+    print(f"public key: {public}\nkey pair (keep private): {secret}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # usage errors exit 2 with one line (argparse does too)
         self.print_usage(sys.stderr)
@@ -61,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--config", help="bookie.toml")
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     b.set_defaults(func=_bookie)
+
+    k = sub.add_parser("keygen", help="write a CURVE key pair (NAME.key public, NAME.key_secret private)")
+    k.add_argument("--dir", required=True, help="directory for the key files")
+    k.add_argument("--name", required=True, help="file name stem, e.g. the bookie or client name")
+    k.set_defaults(func=_keygen)
 
     from zbk.cli import bench, sandbox, shell
 

@@ -5,6 +5,10 @@ real one (:class:`ZmqTransport`) keeps one zmq.asyncio DEALER per bookie, pipeli
 requests with ids, and routes responses to futures; the simulation harness
 (tests/client/sim.py) implements the same protocol with in-memory bookies that drop,
 delay, pause or answer negative/unknown.
+
+With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and a monitor
+watches its handshakes: a bookie that refuses our key makes requests to it fail at once
+with UnauthorizedError instead of waiting for a connection that will never come.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from zbk import limits
-from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.errors import BookieUnavailableError, UnauthorizedError, ZbkError, ZbkTimeoutError
 from zbk.wire.codec import decode_response, encode
+from zbk.wire.curve import CurveClient
 from zbk.wire.errors import FrameError
 
 log = logging.getLogger(__name__)
@@ -38,22 +44,37 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
 class _Peer:
-    def __init__(self, ctx: zmq.asyncio.Context, bookie: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, bookie: str, curve: CurveClient | None) -> None:
         self.bookie = bookie
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a bookie we are not connected to
+        self.monitor: zmq.asyncio.Socket | None = None
+        self.handshake_error: ZbkError | None = None  # the last handshake failed (CURVE)
+        if curve is not None:
+            try:
+                curve.apply(self.sock, bookie)  # ConfigError: no server key for this bookie
+            except BaseException:
+                self.sock.close(0)
+                raise
+            self.monitor = self.sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         self.sock.connect(f"tcp://{bookie}")
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self.reader: asyncio.Task[None] | None = None
+        self.watcher: asyncio.Task[None] | None = None
 
 
 class ZmqTransport:
-    def __init__(self) -> None:
+    def __init__(self, *, curve: CurveClient | None = None) -> None:
         self.ctx = zmq.asyncio.Context()
+        self.curve = curve
         self.peers: dict[str, _Peer] = {}
         self._rids = itertools.count(1)
         self.closed = False
@@ -71,9 +92,31 @@ class ZmqTransport:
     def _peer(self, bookie: str) -> _Peer:
         p = self.peers.get(bookie)
         if p is None:
-            p = self.peers[bookie] = _Peer(self.ctx, bookie)
+            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve)
             p.reader = asyncio.get_running_loop().create_task(self._read(p))
+            if p.monitor is not None:
+                p.watcher = asyncio.get_running_loop().create_task(self._watch(p))
         return p
+
+    async def _watch(self, p: _Peer) -> None:
+        """Follow the CURVE handshakes of one peer's socket (reconnects included)."""
+        assert p.monitor is not None
+        while True:
+            try:
+                event = parse_monitor_message(await p.monitor.recv_multipart())
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                p.handshake_error = None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                p.handshake_error = UnauthorizedError(
+                    f"bookie {p.bookie} refused this client's CURVE key (ZAP status {event['value']})")
+            else:
+                p.handshake_error = BookieUnavailableError(
+                    f"bookie {p.bookie}: CURVE handshake failed (wrong server key, or the bookie does not use CURVE)")
+            if p.handshake_error is not None:
+                log.warning("%s", p.handshake_error)
 
     async def _read(self, p: _Peer) -> None:
         while True:
@@ -127,6 +170,9 @@ class ZmqTransport:
                 await p.sock.send_multipart(frames, flags=zmq.DONTWAIT, copy=False)
                 break
             except zmq.Again:
+                if p.handshake_error is not None:  # connected, but the bookie refused us
+                    self.failed_at[p.bookie] = time.monotonic()
+                    raise p.handshake_error from None
                 if time.monotonic() >= deadline:
                     self.failed_at[p.bookie] = time.monotonic()
                     raise BookieUnavailableError(f"bookie {p.bookie} is not connected") from None
@@ -140,6 +186,11 @@ class ZmqTransport:
         for p in self.peers.values():
             if p.reader:
                 p.reader.cancel()
+            if p.watcher:
+                p.watcher.cancel()
+            if p.monitor is not None:
+                p.sock.disable_monitor()
+                p.monitor.close(0)
             for fut in p.waiting.values():
                 if not fut.done():
                     fut.set_exception(BookieUnavailableError("client closed"))
