@@ -1,11 +1,25 @@
 """The small HTTP server every zbk process runs: /metrics, /heartbeat and /api/v1/...
 
-Handlers are plain functions registered by path; mutating endpoints (PUT/POST) need the
-admin token when one is configured, and the server binds loopback unless told otherwise.
+Handlers are plain functions registered by path. Reads (GET) are open: metrics and state.
+Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded:
+
+* The server binds loopback unless told otherwise (``http_bind_address``).
+* With ``admin_token`` set, a mutating request needs ``Authorization: Bearer <token>``
+  (compared in constant time), wherever the server is bound.
+* Bound beyond loopback without a token, mutating requests are refused (403): an admin API
+  reachable from the network is never open to it.
+* On loopback without a token, a mutating request that carries an ``Origin`` header (only
+  browsers send one) is refused, so a web page cannot drive the API by cross-site request.
+
+Every request must arrive within ``request_timeout_s`` (a slow client cannot hold a
+thread), bodies are JSON of at most ``body_bytes_max``, and a handler that fails answers
+500 with the error rather than dropping the connection.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import threading
@@ -20,6 +34,19 @@ from zbk.errors import ZbkError
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any] | None], Any]
 
+body_bytes_max = 1 << 20
+request_timeout_s_default = 10.0
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name, "", "0.0.0.0" (every interface) and "::" are not loopback
+
 
 class HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
@@ -28,13 +55,21 @@ class HttpError(Exception):
 
 
 class AdminHttpServer:
-    def __init__(self, host: str, port: int, *, token: str = "") -> None:
+    def __init__(self, host: str, port: int, *, token: str = "", exposed: bool | None = None,
+                 request_timeout_s: float = request_timeout_s_default) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.token = token
+        # Reachable from other machines? (Tests force it to check the policy on loopback.)
+        self.exposed = not is_loopback_host(host) if exposed is None else exposed
+        if self.exposed and not token:
+            log.warning("admin HTTP API on %s:%s without admin_token: PUT/POST endpoints are refused "
+                        "(set admin_token to use them remotely)", host, port)
         self.routes[("GET", "/heartbeat")] = lambda _body: {"status": "ok"}
         outer = self
 
         class _H(BaseHTTPRequestHandler):
+            timeout = request_timeout_s  # socket timeout: a client that stalls is cut off
+
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet: metrics scrapes are frequent
                 log.debug(fmt, *args)
 
@@ -55,18 +90,17 @@ class AdminHttpServer:
                     code = 405 if any(p == path for _, p in outer.routes) else 404
                     self._send(code, json.dumps({"error": f"no {method} {path}"}).encode())
                     return
-                if method != "GET" and outer.token:
-                    if self.headers.get("Authorization", "") != f"Bearer {outer.token}":
-                        self._send(401, b'{"error": "admin token required"}')
+                if method != "GET":
+                    refused = outer.refuse_mutation(self.headers.get("Authorization"), self.headers.get("Origin"))
+                    if refused is not None:
+                        self._send(refused[0], json.dumps({"error": refused[1]}).encode())
                         return
-                body: dict[str, Any] | None = None
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    try:
-                        body = json.loads(self.rfile.read(min(length, 1 << 20)))
-                    except ValueError:
-                        self._send(400, b'{"error": "body is not JSON"}')
-                        return
+                try:
+                    body = self._body()
+                except HttpError as e:
+                    self.close_connection = True  # the body may still be on the wire
+                    self._send(e.status, json.dumps({"error": str(e)}).encode())
+                    return
                 try:
                     result = handler(body)
                 except HttpError as e:
@@ -75,7 +109,31 @@ class AdminHttpServer:
                 except ZbkError as e:
                     self._send(500, json.dumps({"error": str(e), "code": e.code}).encode())
                     return
+                except Exception as e:  # noqa: BLE001 - a handler bug answers 500, never drops the client
+                    log.exception("admin HTTP %s %s failed", method, path)
+                    self._send(500, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+                    return
                 self._send(200, json.dumps(result).encode())
+
+            def _body(self) -> dict[str, Any] | None:
+                raw = self.headers.get("Content-Length") or "0"
+                try:
+                    length = int(raw)
+                except ValueError:
+                    raise HttpError(400, f"bad Content-Length {raw[:20]!r}") from None
+                if length < 0:
+                    raise HttpError(400, f"bad Content-Length {length}")
+                if length > body_bytes_max:
+                    raise HttpError(413, f"body of {length} bytes exceeds {body_bytes_max}")
+                if not length:
+                    return None
+                try:
+                    doc = json.loads(self.rfile.read(length))
+                except (ValueError, RecursionError):
+                    raise HttpError(400, "body is not JSON") from None
+                if not isinstance(doc, dict):
+                    raise HttpError(400, "body must be a JSON object")
+                return doc
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 self._handle("GET")
@@ -90,6 +148,18 @@ class AdminHttpServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="zbk-http", daemon=True)
+
+    def refuse_mutation(self, authorization: str | None, origin: str | None) -> tuple[int, str] | None:
+        """Why a PUT/POST with these headers is refused (status, message), or None."""
+        if self.token:
+            if not hmac.compare_digest((authorization or "").encode(), f"Bearer {self.token}".encode()):
+                return 401, "admin token required (Authorization: Bearer <admin_token>)"
+            return None
+        if self.exposed:
+            return 403, "this admin API is reachable beyond loopback: set admin_token to use PUT/POST"
+        if origin is not None:
+            return 403, "cross-origin requests to the admin API are refused (set admin_token to allow them)"
+        return None
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         self.routes[(method, path)] = handler
