@@ -263,6 +263,17 @@ def autorecovery() -> dict[str, Any]:
                      "{{instance}} re-replicated"),
                Query(f"sum by (instance) (increase(zbk_replicator_limbo_ledgers_repaired_total[{RATE}]))",
                      "{{instance}} limbo repaired")]),
+        Panel("Periodic check", "What the auditor's last periodic check found (replica lists, read probes of "
+              "each fragment's first and last entries, placement), and in-place repairs pending (limbo ledgers "
+              "after BP-46 phase one, damaged replicas).",
+              [Query(f"max(zbk_auditor_check_damaged_replicas {LEADER_ONLY})", "damaged replicas"),
+               Query(f"max(zbk_auditor_check_placement_violations {LEADER_ONLY})", "placement violations"),
+               Query(f"max(zbk_auditor_repair_marks {LEADER_ONLY})", "repairs pending")]),
+        Panel("Ledgers checked", "Ledgers the last periodic check examined, and seconds since a check finished "
+              "(0 until the first one).",
+              [Query(f"max(zbk_auditor_check_ledgers {LEADER_ONLY})", "ledgers checked"),
+               Query(f"max(time() - zbk_auditor_last_check_timestamp_seconds > 0 < 1e9 {LEADER_ONLY}) or "
+                     f"max(zbk_auditor_last_check_timestamp_seconds {LEADER_ONLY})", "seconds since last check")]),
         Panel("Bookies up and writable", "Bookies scraped, and those accepting writes: re-replication needs a "
               "writable bookie outside each fragment's ensemble.",
               [Query('sum(up{job="zbk-bookie"})', "up"), Query('sum(zbk_bookie_writable{job="zbk-bookie"})',

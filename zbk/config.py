@@ -174,6 +174,9 @@ class AutoRecoveryConfig:
     metadata_uri: str = ""
     http_port: int = 8100
     http_bind_address: str = "127.0.0.1"
+    # host others reach this process's HTTP API at; it names the process as auditor and lock
+    # owner, so it must be unique ("" = http_bind_address, or the host name for 0.0.0.0 / ::)
+    advertised_address: str = ""
     lease_ttl_s: int = limits.metadata_lease_ttl_s_default
     lost_bookie_recovery_delay_s: float = 0.0
     open_ledger_rereplication_grace_period_s: float = 30.0

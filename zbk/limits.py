@@ -56,3 +56,9 @@ client_read_timeout_ms_default = 10_000
 client_speculative_read_ms_default = 2_000
 client_pending_adds_max = 100_000
 client_ensemble_change_attempts_max = 10
+
+# Latency histogram buckets (bookie and client), 100 us to 10 s: an fsync-bound add on SSD is
+# ~0.2-5 ms. Here, not in zbk.metrics.bookie, so that a client process does not create (and
+# export) the bookie's metrics just to share the buckets.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -64,6 +64,7 @@ def test_wrong_master_key_is_eua_and_stores_nothing(bookies):
 def test_journal_off_kill9_makes_open_ledgers_fenced_and_limbo(bookies):
     bk = bookies(settings={"journal_write_data": False, "entry_log_write_buffer_bytes": 4 * 1024 * 1024,
                            "flush_interval_ms": 600_000})
+    bk.start()  # first: a new bookie that ledgers already name runs phase one (its disks were replaced)
     store = open_store(bookies.metadata_uri)
     ledgers = LedgerStore(store)
     frag = ((0, (bk.bookie_id, "127.0.0.1:1", "127.0.0.1:2")),)
@@ -72,7 +73,6 @@ def test_journal_off_kill9_makes_open_ledgers_fenced_and_limbo(bookies):
     closed_md, v = ledgers.create(LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=3, ack_quorum=2,
                                                  password=b"secret", fragments=frag))
     ledgers.write(closed_md.closed(9, 0), v)
-    bk.start()
     with bk.connect() as c:
         for md in (open_md, closed_md):
             assert add(c, md.ledger_id, list(range(10))).status == Status.EOK
@@ -251,3 +251,22 @@ def test_long_poll_answers_new_entries_or_times_out_with_the_lac(bookies):
             r = c.recv()
         assert r.status == Status.EOK and r.lac == 2 and check_payloads(r, 9) == [2]
     assert bk.stop() == 0
+
+
+def test_new_disks_under_an_id_that_ledgers_name_run_phase_one(bookies):
+    """A bookie id whose cookie was deleted from metadata and whose disks were replaced
+    looks brand-new; ledgers still name it, so it must not answer explicit negatives for
+    their entries: phase one fences and limbos the open ones (BP-46)."""
+    bk = bookies()
+    store = open_store(bookies.metadata_uri)
+    ledgers = LedgerStore(store)
+    frag = ((0, (bk.bookie_id, "127.0.0.1:1", "127.0.0.1:2")),)
+    md, _ = ledgers.create(LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=3, ack_quorum=2,
+                                          password=b"secret", fragments=frag))
+    bk.start()
+    with bk.connect() as c:
+        assert c.call(w.BookieInfoRequest(rid=c.next_rid())).limbo_ledgers == 1
+        assert read(c, md.ledger_id, 0).status == Status.EUNKNOWN
+        assert add(c, md.ledger_id, [0]).status == Status.EFENCED
+    assert bk.stop() == 0
+    store.close()

@@ -100,7 +100,8 @@ class Bookie:
         return list(dict.fromkeys([*self.cfg.journal_dirs, *self.cfg.ledger_dirs, *self.cfg.index_dirs]))
 
     def _check_cookies(self) -> bool:
-        """Returns True when the cookie was fixed (phase one needed); raises on mismatch."""
+        """Returns True when phase one is needed (cookie fixed, or brand-new directories);
+        raises on mismatch."""
         cfg = self.cfg
         instance_id = get_or_create_instance_id(self.store)
         key = layout.cookie_key(cfg.bookie_id)
@@ -112,9 +113,12 @@ class Bookie:
                                   index_dirs=tuple(cfg.index_dirs),
                                   incarnation=uuid.uuid4().hex)
         if stored is None and all(c is None for c in local.values()):
-            # A brand-new bookie: write its identity everywhere.
+            # A brand-new bookie: write its identity everywhere. Phase one still runs: if
+            # ledgers name this id (its cookie was deleted from metadata and its disks
+            # replaced), answering "no such entry" for them could let recovery truncate
+            # acknowledged entries. For a truly new id it touches nothing.
             self._write_cookies(expected, None, dirs)
-            return False
+            return True
         reasons: list[str] = []
         meta_cookie = cookies.Cookie.decode(stored.value) if stored else None
         if meta_cookie is None:

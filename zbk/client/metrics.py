@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from zbk.metrics.bookie import LATENCY_BUCKETS
+from zbk.limits import LATENCY_BUCKETS
 
 ADD_ENTRY_SECONDS = Histogram("zbk_client_add_entry_seconds", "Time from append() to the entry being confirmed",
                               buckets=LATENCY_BUCKETS)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-# Latency buckets from 100 us to 10 s: an fsync-bound add on SSD is ~0.2-5 ms.
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from zbk.limits import LATENCY_BUCKETS
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 ADD_ENTRY_SECONDS = Histogram(
@@ -32,3 +30,6 @@ DISK_USAGE_RATIO = Gauge("zbk_bookie_disk_usage_ratio", "Used / total bytes of t
 CHECKPOINTS_TOTAL = Counter("zbk_bookie_checkpoints_total", "Checkpoints completed (logs and index flushed, mark persisted)")
 GC_RECLAIMED_BYTES = Counter("zbk_gc_reclaimed_bytes_total", "Bytes of entry logs reclaimed by garbage collection")
 GC_COMPACTIONS = Counter("zbk_gc_compactions_total", "Entry log compactions", ["kind"])
+
+for _kind in ("minor", "major"):  # exported at 0 from the start, so rate() works before a first compaction
+    GC_COMPACTIONS.labels(_kind)

@@ -13,7 +13,8 @@ GET /api/v1/autorecovery/list_under_replicated_ledger -> {"ledgers": [{ledger_id
     "repairs": [{ledger_id, bookie, why, marked_ms, detail}]} (in-place repairs: limbo, damaged replicas),
 GET /api/v1/autorecovery/who_is_auditor -> {"auditor": id or null},
 GET|PUT /api/v1/autorecovery/lost_bookie_recovery_delay <-> {"lost_bookie_recovery_delay_s": seconds}.
-The process's candidate id is ``<http host>:<http port>`` of its admin API.
+The process's candidate id is ``<host>:<http port>`` of its admin API, the host being
+``advertised_address``, else the bind address, else (bound to a wildcard) the host name.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def _run(args: argparse.Namespace) -> int:
     return run_autorecovery(cfg)
 
 
+def advertised_host(cfg: Any) -> str:
+    """The host part of this process's id: two processes must never share an id, since it
+    owns ledger locks. A wildcard bind address says nothing about the host: use its name."""
+    import socket
+
+    if cfg.advertised_address:
+        return str(cfg.advertised_address)
+    if cfg.http_bind_address in ("0.0.0.0", "::", ""):
+        return socket.getfqdn()
+    return str(cfg.http_bind_address)
+
+
 class AutoRecovery:
     """The parts of one autorecovery process, started and stopped in order."""
 
@@ -68,7 +81,7 @@ class AutoRecovery:
         self._own_http = http is None
         self.http = http if http is not None else AdminHttpServer(cfg.http_bind_address, cfg.http_port,
                                                                   token=cfg.admin_token)
-        self.candidate_id = f"{cfg.http_bind_address}:{self.http.port}"
+        self.candidate_id = f"{advertised_host(cfg)}:{self.http.port}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replicator: Any = None
         self._replicator_thread: threading.Thread | None = None
