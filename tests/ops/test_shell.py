@@ -143,3 +143,41 @@ def test_every_metadata_command_reports_an_unreachable_store_with_exit_3():
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+def test_bench_reports_and_serves_client_metrics(three):
+    import time
+    import urllib.request
+
+    from helpers.procs import free_port
+
+    uri, _ = three
+    port = free_port()
+    argv = [sys.executable, "-m", "zbk.cli.main", "bench", "--metadata", uri, "--seconds", "4", "--window", "50",
+            "--entry-size", "512", "--json", "--http-port", str(port)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0.0
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline and not seen:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+                seen = sum(float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith("zbk_client_add_entry_seconds_count"))
+            except OSError:
+                pass
+            time.sleep(0.2)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 0, err[-500:]
+    assert seen > 0, "the client's add latency was served while the bench ran"
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["entries"] > 0 and report["entries_per_s"] > 0 and report["entry_size"] == 512
+    assert 0 < report["p50_ms"] <= report["p95_ms"] <= report["p99_ms"] <= report["max_ms"]
+    assert json.loads(zbk("shell", "--metadata", uri, "--json", "listledgers").stdout) == [], "the ledger is deleted"
+    r = zbk("bench", "--metadata", uri, "--entries", "10", "--ensemble", "5")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, "E5 on 3 bookies: a clear error"

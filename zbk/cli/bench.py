@@ -31,11 +31,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--digest", default="crc32c")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the ledger (default: delete it afterwards)")
+    p.add_argument("--http-port", type=int,
+                   help="serve the client's metrics (/metrics on 127.0.0.1) while running, for the client dashboard")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = asyncio.run(_bench(args))
+    http = None
+    if args.http_port is not None:
+        from zbk.metrics.http import AdminHttpServer
+
+        http = AdminHttpServer("127.0.0.1", args.http_port)
+        http.start()
+    try:
+        report = asyncio.run(_bench(args))
+    finally:
+        if http is not None:
+            http.stop()
     if args.json:
         print(json.dumps(report))
     else:
