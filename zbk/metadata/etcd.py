@@ -1,6 +1,16 @@
 """The etcd metadata store, on the gRPC stubs and protobuf messages of python-etcd3.
 
-URI: ``etcd://host:port[,host:port...]/scope``. Keys live under ``/<scope>/``.
+URI: ``etcd://host:port[,host:port...]/scope[?user=..&password=..&ca_cert=..]`` (see
+zbk/metadata/uri.py for every option). Keys live under ``/<scope>/``.
+
+Security (the arguments python-etcd3's ``etcd3.client`` takes, with the same names):
+
+* ``ca_cert`` turns TLS on and verifies the members against that CA; ``cert_cert`` and
+  ``cert_key`` add this client's certificate (etcd ``--client-cert-auth``).
+* ``user`` and ``password``: the store authenticates (Auth.Authenticate) and sends the
+  token as ``token`` metadata on every call and stream. A token etcd no longer accepts
+  (expired: ``--auth-token-ttl``, or a restart) is renewed once and the call retried; a
+  wrong user or password is a MetadataError naming the user, never retried.
 
 Why the raw stubs and not etcd3's client methods: we need a per-call timeout on every
 RPC, one place that maps gRPC failures to the zbk error tree, our own endpoint failover,
@@ -60,6 +70,7 @@ with warnings.catch_warnings():
 
 from zbk import limits  # noqa: E402
 from zbk.errors import (  # noqa: E402
+    ConfigError,
     KeyExistsError,
     LeaseExpiredError,
     MetadataError,
@@ -105,6 +116,90 @@ _CHANNEL_OPTIONS = [
 _REQUIRE_LEADER = (("hasleader", "true"),)
 
 
+class _TokenAuth:
+    """etcd user/password authentication: one token, fetched on demand, shared by channels."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user = user
+        self._password = password
+        self._lock = threading.Lock()
+        self._token: str | None = None
+
+    def token(self, channel: grpc.Channel, timeout: float) -> str:
+        with self._lock:
+            if self._token is None:
+                request = etcdrpc.AuthenticateRequest(name=self.user, password=self._password)
+                try:
+                    self._token = str(etcdrpc.AuthStub(channel).Authenticate(request, timeout=timeout).token)
+                except grpc.RpcError as e:
+                    if _code(e) in _RETRYABLE:
+                        raise
+                    raise MetadataError(f"etcd: authentication as user {self.user!r} failed: {_details(e)} "
+                                        "(check the user and password of the metadata URI)") from None
+            return self._token
+
+    def invalidate(self, token: str | None = None) -> None:
+        """Forget the token (if it is still ``token``): the next call authenticates again."""
+        with self._lock:
+            if token is None or token == self._token:
+                self._token = None
+
+    @property
+    def current(self) -> str | None:
+        return self._token
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the auth token to the metadata of every call made through a channel."""
+
+    def __init__(self, auth: _TokenAuth, raw: grpc.Channel, timeout_s: float) -> None:
+        self._auth, self._raw, self._timeout_s = auth, raw, timeout_s
+
+    def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
+        token = self._auth.token(self._raw, details.timeout or self._timeout_s)
+        return _CallDetails(details, [*(details.metadata or ()), ("token", token)])
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def _channel_credentials(ca_cert: str, cert_key: str, cert_cert: str) -> grpc.ChannelCredentials | None:
+    if not (ca_cert or cert_cert):
+        return None
+
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise ConfigError(f"etcd TLS: cannot read {path}: {e}") from None
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca_cert), private_key=read(cert_key),
+                                        certificate_chain=read(cert_cert))
+
+
 class _Stubs:
     def __init__(self, channel: grpc.Channel, generation: int) -> None:
         self.generation = generation
@@ -119,15 +214,29 @@ class _Connection:
     ``generation`` counts channels, so that many threads seeing one broken channel cause
     one failover, not one each."""
 
-    def __init__(self, endpoints: list[str], first: int) -> None:
+    def __init__(self, endpoints: list[str], first: int, *, credentials: grpc.ChannelCredentials | None = None,
+                 auth: _TokenAuth | None = None, auth_timeout_s: float = rpc_timeout_s_default) -> None:
         assert endpoints
         self._endpoints = endpoints
         self._index = first % len(endpoints)
         self._lock = threading.Lock()
         self._generation = 0
-        self._channel = grpc.insecure_channel(endpoints[self._index], options=_CHANNEL_OPTIONS)
-        self._stubs = _Stubs(self._channel, 0)
+        self._credentials = credentials
+        self._auth = auth
+        self._auth_timeout_s = auth_timeout_s
+        self._channel, self._stubs = self._open(0)
         self._closed = False
+
+    def _open(self, generation: int) -> tuple[grpc.Channel, _Stubs]:
+        target = self._endpoints[self._index]
+        if self._credentials is not None:
+            raw = grpc.secure_channel(target, self._credentials, options=_CHANNEL_OPTIONS)
+        else:
+            raw = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        channel = raw
+        if self._auth is not None:
+            channel = grpc.intercept_channel(raw, _TokenInterceptor(self._auth, raw, self._auth_timeout_s))
+        return raw, _Stubs(channel, generation)
 
     @property
     def endpoint(self) -> str:
@@ -146,8 +255,7 @@ class _Connection:
             old = self._channel
             self._index = (self._index + 1) % len(self._endpoints)
             self._generation += 1
-            self._channel = grpc.insecure_channel(self._endpoints[self._index], options=_CHANNEL_OPTIONS)
-            self._stubs = _Stubs(self._channel, self._generation)
+            self._channel, self._stubs = self._open(self._generation)
         old.close()
         log.info("etcd: switched to endpoint %s", self.endpoint)
 
@@ -161,8 +269,12 @@ class EtcdStore:
     """A :class:`~zbk.metadata.store.MetadataStore` on an etcd v3 cluster."""
 
     def __init__(self, endpoints: list[str], *, scope: str = "zbk", uri: str | None = None,
-                 deadline_s: float = deadline_s_default, rpc_timeout_s: float = rpc_timeout_s_default) -> None:
+                 deadline_s: float = deadline_s_default, rpc_timeout_s: float = rpc_timeout_s_default,
+                 user: str = "", password: str = "", ca_cert: str = "", cert_key: str = "",
+                 cert_cert: str = "") -> None:
         assert endpoints and deadline_s > 0 and rpc_timeout_s > 0
+        if bool(user) != bool(password):
+            raise ConfigError("etcd: user and password go together")
         self.endpoints = list(endpoints)
         self.scope = scope
         self.uri = uri or f"etcd://{','.join(endpoints)}/{scope}"
@@ -171,8 +283,11 @@ class EtcdStore:
         self._rpc_timeout_s = rpc_timeout_s
         # Start at a random member so that many clients spread over the cluster.
         first = random.randrange(len(self.endpoints))
-        self._kv_conn = _Connection(self.endpoints, first)
-        self._watch_conn = _Connection(self.endpoints, first)
+        self._auth = _TokenAuth(user, password) if user else None
+        security: dict[str, Any] = dict(credentials=_channel_credentials(ca_cert, cert_key, cert_cert),
+                                        auth=self._auth, auth_timeout_s=rpc_timeout_s)
+        self._kv_conn = _Connection(self.endpoints, first, **security)
+        self._watch_conn = _Connection(self.endpoints, first, **security)
         self._lock = threading.Lock()
         self._watches: list[EtcdWatch] = []
         self._watchdog: threading.Thread | None = None
@@ -194,12 +309,18 @@ class EtcdStore:
         conn = conn or self._kv_conn
         deadline = time.monotonic() + self._deadline_s
         pause = retry_pause_s_min
+        renewed = False
         while True:
             stubs = conn.current()
             timeout = min(self._rpc_timeout_s, max(retry_pause_s_min, deadline - time.monotonic()))
+            token = self._auth.current if self._auth is not None else None
             try:
                 return fn(stubs, timeout)
             except grpc.RpcError as e:
+                if self._auth is not None and not renewed and _token_rejected(e):
+                    renewed = True  # expired or unknown token: authenticate again, once
+                    self._auth.invalidate(token)
+                    continue
                 if _code(e) not in _RETRYABLE:
                     raise _translate(e, what) from None
                 reason = f"{_code(e).name}: {_details(e)}"
@@ -602,6 +723,11 @@ def _code(e: grpc.RpcError) -> grpc.StatusCode:
 def _details(e: grpc.RpcError) -> str:
     details = getattr(e, "details", None)
     return str(details() if callable(details) else e)
+
+
+def _token_rejected(e: grpc.RpcError) -> bool:
+    return _code(e) == grpc.StatusCode.UNAUTHENTICATED or (
+        _code(e) == grpc.StatusCode.INVALID_ARGUMENT and "invalid auth token" in _details(e))
 
 
 def _translate(e: grpc.RpcError, what: str) -> Exception:

@@ -2,8 +2,16 @@
 
 * ``sqlite:///abs/path/meta.db[?scope=name]`` — the embedded store (an absolute path; its
   directory must exist; the file is created on first use).
-* ``etcd://host:port[,host:port...]/scope`` — an etcd cluster; the port defaults to 2379,
-  the scope to ``zbk``; IPv6 hosts in brackets (``[::1]:2379``).
+* ``etcd://host:port[,host:port...]/scope[?options]`` — an etcd cluster; the port defaults
+  to 2379, the scope to ``zbk``; IPv6 hosts in brackets (``[::1]:2379``). Options (the
+  arguments of ``etcd3.client`` of the same names):
+
+  - ``user`` and ``password`` (or ``password_file``, a file holding it, so the secret is
+    not in the URI): etcd authentication; the store gets a token and renews it.
+  - ``ca_cert``: a PEM file of the CA that signed the members' certificates; TLS on.
+  - ``cert_cert`` and ``cert_key``: this client's certificate and key (mutual TLS).
+
+  Values are percent-decoded (``password=a%26b`` is ``a&b``).
 
 A scope is one path segment of letters, digits, ``_``, ``.`` and ``-``. Anything else is
 a ConfigError whose message says what is wrong and what a good URI looks like.
@@ -13,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -38,6 +46,14 @@ class SqliteUri:
 class EtcdUri:
     endpoints: tuple[str, ...]  # "host:port", IPv6 as "[addr]:port"
     scope: str = DEFAULT_SCOPE
+    user: str = ""
+    password: str = field(default="", repr=False)
+    ca_cert: str = ""
+    cert_key: str = ""
+    cert_cert: str = ""
+
+
+ETCD_OPTIONS = ("user", "password", "password_file", "ca_cert", "cert_key", "cert_cert")
 
 
 def parse_uri(uri: str) -> SqliteUri | EtcdUri:
@@ -86,14 +102,54 @@ def _check_scope(uri: str, scope: str) -> str:
 
 def _parse_etcd(uri: str) -> EtcdUri:
     rest = uri.split("://", 1)[1]
-    if "?" in rest or "#" in rest:
-        raise ConfigError(f"metadata URI {uri!r}: an etcd URI takes no parameters, e.g. {_ETCD_EXAMPLE}")
+    if "#" in rest:
+        raise ConfigError(f"metadata URI {redact(uri)!r}: an etcd URI has no fragment, e.g. {_ETCD_EXAMPLE}")
+    rest, _, query = rest.partition("?")
     hosts, _, path = rest.partition("/")
     if not hosts:
-        raise ConfigError(f"metadata URI {uri!r}: no etcd endpoints, e.g. {_ETCD_EXAMPLE}")
+        raise ConfigError(f"metadata URI {redact(uri)!r}: no etcd endpoints, e.g. {_ETCD_EXAMPLE}")
     endpoints = tuple(_endpoint(uri, h) for h in hosts.split(","))
     scope = _check_scope(uri, path.rstrip("/")) if path.rstrip("/") else DEFAULT_SCOPE
-    return EtcdUri(endpoints=endpoints, scope=scope)
+    return EtcdUri(endpoints=endpoints, scope=scope, **_etcd_options(uri, query))
+
+
+def _etcd_options(uri: str, query: str) -> dict[str, str]:
+    shown = redact(uri)
+    try:
+        params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigError(f"metadata URI {shown!r}: malformed query") from None
+    unknown = set(params) - set(ETCD_OPTIONS)
+    if unknown:
+        raise ConfigError(f"metadata URI {shown!r}: an etcd URI takes no parameters but {', '.join(ETCD_OPTIONS)} "
+                          f"(got {', '.join(sorted(unknown))})")
+    opts: dict[str, str] = {}
+    for name, values in params.items():
+        if len(values) != 1 or not values[0]:
+            raise ConfigError(f"metadata URI {shown!r}: {name} must be given once, not empty")
+        opts[name] = values[0]
+    if "password_file" in opts:
+        if "password" in opts:
+            raise ConfigError(f"metadata URI {shown!r}: password and password_file exclude each other")
+        path = opts.pop("password_file")
+        try:
+            with open(path, encoding="utf-8") as f:
+                opts["password"] = f.read().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"metadata URI {shown!r}: cannot read password_file {path}: {e}") from None
+    if ("user" in opts) != ("password" in opts):
+        raise ConfigError(f"metadata URI {shown!r}: user and password (or password_file) go together")
+    if ("cert_key" in opts) != ("cert_cert" in opts):
+        raise ConfigError(f"metadata URI {shown!r}: cert_key and cert_cert go together")
+    for name in ("ca_cert", "cert_key", "cert_cert"):
+        if name in opts and not os.path.isfile(opts[name]):
+            raise ConfigError(f"metadata URI {shown!r}: {name} {opts[name]} is not a readable file")
+    return opts
+
+
+def redact(uri: str) -> str:
+    """The URI with any password replaced by ``***`` (for logs and error messages)."""
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", uri) if isinstance(uri, str) else uri
 
 
 def _endpoint(uri: str, text: str) -> str:
@@ -119,4 +175,6 @@ def open_store(uri: str, **options: Any) -> MetadataStore:
     # Imported here so that sqlite users never load grpc and protobuf.
     from zbk.metadata.etcd import EtcdStore
 
-    return EtcdStore(list(parsed.endpoints), scope=parsed.scope, uri=uri, **options)
+    return EtcdStore(list(parsed.endpoints), scope=parsed.scope, uri=redact(uri), user=parsed.user,
+                     password=parsed.password, ca_cert=parsed.ca_cert, cert_key=parsed.cert_key,
+                     cert_cert=parsed.cert_cert, **options)
