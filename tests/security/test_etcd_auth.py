@@ -86,8 +86,7 @@ def _enable_auth(endpoint: str) -> None:
     """root (all rights) and reader (no role) users, then auth on: over raw gRPC stubs."""
     import grpc
 
-    import zbk.metadata.etcd  # noqa: F401 - selects the protobuf runtime python-etcd3 needs
-    from etcd3 import etcdrpc
+    from zbk.metadata.etcd import etcdrpc  # through zbk: it selects the protobuf runtime etcd3 needs
 
     with grpc.insecure_channel(endpoint) as ch:
         auth = etcdrpc.AuthStub(ch)
