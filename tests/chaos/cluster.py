@@ -254,8 +254,7 @@ class ChaosCluster:
                 return
             except (OSError, ValueError) as e:
                 if time.monotonic() > deadline:
-                    self.findings.action(f"b{i}: PUT state {state} failed: {e}")
-                    return
+                    raise RuntimeError(f"b{i}: PUT /api/v1/bookie/state {state} failed for 20 s: {e}") from e
                 time.sleep(0.3)
 
     def _start_bookie_readonly(self, i: int) -> None:
@@ -283,8 +282,7 @@ class ChaosCluster:
                 break
             time.sleep(0.2)
         if victim is None:
-            self.findings.action(f"auditor kill: no live process leads (leader {leader!r})")
-            return
+            raise RuntimeError(f"no live autorecovery process leads (leader {leader!r})")
         text = victim.metrics()
         for name in ("zbk_replicator_ledgers_replicated_total", "zbk_replicator_entries_copied_total",
                      "zbk_replicator_limbo_ledgers_repaired_total"):
