@@ -51,6 +51,7 @@ WINDOW = 400  # appends in flight per writer at most
 CLOSE_TIMEOUT_S = 60.0
 OPEN_TIMEOUT_S = 60.0
 RECOVERY_RETRY_S = 2.0
+CLIENT_START_ATTEMPTS = 30
 
 
 def payload(seed: int, ledger_id: int, entry_id: int) -> bytes:
@@ -173,18 +174,20 @@ class Workload:
         writers = [asyncio.ensure_future(self._writer(spec, random.Random(rng.random()))) for spec in self.writers]
         readers = [asyncio.ensure_future(self._reader(random.Random(rng.random()))) for _ in range(self.readers)]
         recoverer = asyncio.ensure_future(self._recoverer())
-        await asyncio.gather(*writers, return_exceptions=True)
+        results = await asyncio.gather(*writers, return_exceptions=True)
         self._writers_done.set()
-        await asyncio.gather(*readers, return_exceptions=True)
-        await recoverer
+        results += await asyncio.gather(*readers, recoverer, return_exceptions=True)
+        self.client_errors += [f"a client task ended with {type(r).__name__}: {r}" for r in results
+                               if isinstance(r, BaseException)]
 
     async def _client(self) -> AsyncBookKeeper:
-        while True:
+        for _ in range(CLIENT_START_ATTEMPTS):
             try:
                 return await asyncio.wait_for(AsyncBookKeeper(self.uri, config=CLIENT).start(), OPEN_TIMEOUT_S)
             except (ZbkError, TimeoutError) as e:
                 self.log(f"client start failed ({e}); retrying")
                 await asyncio.sleep(1.0)
+        raise ZbkError(f"no client could reach {self.uri} in {CLIENT_START_ATTEMPTS} attempts")
 
     # -- writers ----------------------------------------------------------------------------
     async def _writer(self, spec: WriterSpec, rng: random.Random) -> None:
