@@ -53,3 +53,23 @@ def test_cancel_or_compaction_from_etcd_breaks_the_stream(response: Any, why: st
     with pytest.raises(_StreamBroken, match=why):
         w._consume(iter([_response(_event("w/a", 3)), response, _response(_event("w/b", 4))]))
     assert [e.key for e in got] == ["w/a"]
+
+
+def test_closed_channel_errors_of_unary_and_stream_calls_are_both_retried() -> None:
+    """A failover closes the channel under calls in flight. grpc words the error differently
+    for unary calls and for streams (a watch); both must count as "retry elsewhere", or a
+    watch thread dies with the stream's wording (found by the chaos run)."""
+    import grpc
+
+    from zbk.metadata.etcd import _closed_channel
+
+    ch = grpc.insecure_channel("127.0.0.1:1")
+    ch.close()
+    errors = []
+    for call in (lambda: etcdrpc.KVStub(ch).Range(etcdrpc.RangeRequest(key=b"k"), timeout=1),
+                 lambda: etcdrpc.WatchStub(ch).Watch(iter([]))):
+        with pytest.raises(ValueError) as err:
+            call()
+        errors.append(err.value)
+    assert all(_closed_channel(e) for e in errors), [str(e) for e in errors]
+    assert not _closed_channel(ValueError("some other value error"))

@@ -265,6 +265,11 @@ class _Connection:
         self._channel.close()
 
 
+def _closed_channel(e: ValueError) -> bool:
+    msg = str(e).lower()
+    return "closed channel" in msg or "channel closed" in msg
+
+
 class EtcdStore:
     """A :class:`~zbk.metadata.store.MetadataStore` on an etcd v3 cluster."""
 
@@ -325,9 +330,12 @@ class EtcdStore:
                     raise _translate(e, what) from None
                 reason = f"{_code(e).name}: {_details(e)}"
             except ValueError as e:
-                if "closed channel" not in str(e):
+                # A failover closed the channel under this call. grpc words it "Cannot invoke
+                # RPC on closed channel!" for unary calls and "Cannot invoke RPC: Channel
+                # closed!" for streams (watches): both are a retry on the next endpoint.
+                if not _closed_channel(e):
                     raise
-                reason = str(e)  # a failover closed the channel under this call
+                reason = str(e)
             conn.fail(stubs.generation)
             if time.monotonic() + pause > deadline:
                 raise MetadataUnavailableError(
