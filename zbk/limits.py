@@ -17,12 +17,13 @@ read_response_bytes_max = 8 * 1024 * 1024  # a ranged read stops adding entries 
 header_bytes_max = 64 * 1024  # the CBOR header frame of any request
 long_poll_timeout_ms_max = 60_000
 socket_hwm_messages = 10_000  # ZeroMQ send/receive high-water marks, every client socket
-# The bookie's ROUTER, per peer. A client's libzmq thread drains its socket whatever the
-# application does (up to its own 10,000 messages), so the bookie's outbound pipe to a peer
-# fills only when that client stopped reading; then replies are dropped and the peer stalled.
-server_peer_send_hwm_messages = 1_000  # replies held for one stuck peer, at most; absorbs reply bursts
+# The bookie's ROUTER, per peer (zbk/actors/loops.py). Replies beyond the libzmq pipe wait in
+# a backlog bounded in bytes; beyond that they are dropped and the peer is stalled.
+server_peer_send_hwm_messages = 100  # replies in libzmq's pipe to one peer
+server_peer_backlog_bytes_max = 16 * 1024 * 1024  # then replies wait here (bursts), up to this
+server_backlog_bytes_max = 256 * 1024 * 1024  # the backlogs of all peers together
 server_peer_recv_hwm_messages = 1_000  # then libzmq stops reading the peer's TCP (backpressure)
-server_peer_stall_s = 1.0  # a peer whose pipe was full has its requests dropped for this long
+server_peer_stall_s = 1.0  # a peer whose replies were dropped has its requests dropped for this long
 server_pending_requests_max = 50_000  # accepted, unanswered requests (long polls too); beyond: ETOOMANYREQUESTS
 server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledged adds; beyond: ETOOMANYREQUESTS
 

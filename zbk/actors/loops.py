@@ -5,12 +5,15 @@ The ROUTER is where the network meets the bookie, so this is where slow and host
 are contained (docs/reliability.md, "Resources"):
 
 * Every peer has its own inbound and outbound pipe, each bounded in messages
-  (``server_peer_recv_hwm_messages`` / ``server_peer_send_hwm_messages``). A client's own
-  libzmq thread keeps reading its socket whatever its application does, so a peer's
-  outbound pipe fills only when that client has stopped reading for a long time.
-* ROUTER_MANDATORY makes a full pipe visible: the reply is dropped (counted), and the peer
-  is *stalled* for ``server_peer_stall_s``: its requests are dropped unread, so a client that
-  does not read its answers costs at most one pipe of replies, and no disk reads.
+  (``server_peer_recv_hwm_messages`` / ``server_peer_send_hwm_messages``). A full inbound
+  pipe makes libzmq stop reading that peer's TCP socket (backpressure).
+* ROUTER_MANDATORY makes a full outbound pipe visible. Replies then wait in a per-peer
+  backlog bounded in *bytes* (``server_peer_backlog_bytes_max``, and
+  ``server_backlog_bytes_max`` for all peers), flushed as the pipe drains: a burst of
+  replies (a group commit acknowledging a thousand adds) is delivered, not lost. A reply
+  that does not fit is dropped (counted) and the peer is *stalled* for
+  ``server_peer_stall_s``: its requests are dropped unread. So a client that stops reading
+  costs at most one pipe and one backlog of replies, and no further disk reads.
 * Frames over max_frame_bytes never reach Python (ZMQ_MAXMSGSIZE drops the peer).
 * With CURVE configured (zbk/wire/curve.py), only clients whose public key is authorized
   complete the handshake; nothing from anyone else reaches the Server.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +41,10 @@ from zbk.actors.server import ServerCore
 from zbk.wire.curve import CurveServer
 
 log = logging.getLogger(__name__)
+
+class _PeerGone(Exception):
+    """The ROUTER no longer knows the peer (it disconnected)."""
+
 
 REPLIES_DROPPED = Counter("zbk_bookie_replies_dropped_total",
                           "Replies and requests dropped at the socket, by reason", ["reason"])
@@ -63,6 +71,9 @@ class ServerLoop(ActorLoop):
         self.bytes_since_probe = 0
         self.probe_after_bytes = _PROBE_BYTES_MIN
         self.stalled: dict[bytes, float] = {}  # peer identity -> until when its requests are dropped
+        self.backlogs: dict[bytes, deque[tuple[list[Any], int]]] = {}  # replies waiting for a full pipe
+        self.backlog_bytes: dict[bytes, int] = {}
+        self.backlog_total = 0
         self.router: zmq.Socket[Any] | None = None
         self.bound = ""
 
@@ -84,21 +95,59 @@ class ServerLoop(ActorLoop):
         self.core.reply = self._reply
 
     def _reply(self, ident: bytes, frames: list[Any]) -> None:
+        if ident not in self.backlogs:  # otherwise behind the replies already waiting (FIFO)
+            try:
+                if self._send(ident, frames):
+                    return
+            except _PeerGone:
+                return
+        size = sum(map(len, frames))
+        held = self.backlog_bytes.get(ident, 0)
+        if (held + size > limits.server_peer_backlog_bytes_max
+                or self.backlog_total + size > limits.server_backlog_bytes_max):
+            # The client stopped reading: drop the reply rather than grow, and stop serving
+            # it for a while. It times out and retries (or reconnects).
+            if ident not in self.stalled:
+                log.warning("server: client %s is not reading its replies (%d bytes waiting); its requests "
+                            "are dropped for %.1f s", ident.hex(), held, limits.server_peer_stall_s)
+            self.stalled[ident] = self.clock.monotonic() + limits.server_peer_stall_s
+            REPLIES_DROPPED.labels("peer_full").inc()
+            return
+        self.backlogs.setdefault(ident, deque()).append((frames, size))
+        self.backlog_bytes[ident] = held + size
+        self.backlog_total += size
+
+    def _send(self, ident: bytes, frames: list[Any]) -> bool:
+        """True when handed to libzmq, False when the peer's pipe is full; _PeerGone if the
+        peer disconnected (its reply is dropped and counted)."""
         assert self.router is not None
         try:
             self.router.send_multipart([ident, *frames], flags=zmq.NOBLOCK)
+            return True
         except zmq.Again:
-            # The client stopped reading (its pipe is full): drop the reply rather than block
-            # every other client, and stop serving it for a while. It times out and retries.
-            if ident not in self.stalled:
-                log.warning("server: client %s is not reading its replies; its requests are dropped for %.1f s",
-                            ident.hex(), limits.server_peer_stall_s)
-            self.stalled[ident] = self.clock.monotonic() + limits.server_peer_stall_s
-            REPLIES_DROPPED.labels("peer_full").inc()
+            return False
         except zmq.ZMQError as e:
             if e.errno != errno.EHOSTUNREACH:
                 raise
             REPLIES_DROPPED.labels("peer_gone").inc()  # disconnected before its answer was ready
+            raise _PeerGone() from None
+
+    def _flush_backlogs(self) -> None:
+        for ident in list(self.backlogs):
+            queue = self.backlogs[ident]
+            try:
+                while queue and self._send(ident, queue[0][0]):
+                    self._forget(ident, queue.popleft()[1])
+            except _PeerGone:
+                while queue:
+                    self._forget(ident, queue.popleft()[1])
+            if not queue:
+                del self.backlogs[ident]
+                del self.backlog_bytes[ident]
+
+    def _forget(self, ident: bytes, size: int) -> None:
+        self.backlog_bytes[ident] -= size
+        self.backlog_total -= size
 
     def on_extra(self, sock: zmq.Socket[Any], now: float) -> None:
         for _ in range(1024):
@@ -118,6 +167,8 @@ class ServerLoop(ActorLoop):
             self.core.on_request(ident, frames[1:], now)
 
     def after_batch(self, now: float) -> None:
+        if self.backlogs:
+            self._flush_backlogs()
         if self.stalled:
             for ident in [i for i, until in self.stalled.items() if until <= now]:
                 del self.stalled[ident]
@@ -135,7 +186,7 @@ class ServerLoop(ActorLoop):
             self.probe_after_bytes = max(_PROBE_BYTES_MIN, headroom // 4)
 
     def poll_timeout_ms(self) -> float:
-        return 50.0
+        return 2.0 if self.backlogs else 50.0  # replies waiting: look at the pipes again soon
 
     def teardown(self) -> None:
         if self.curve is not None:
