@@ -184,6 +184,16 @@ class AutoRecoveryConfig:
     replicator_workers: int = 1
     replication_rate_bytes: int = 64 * 1024 * 1024
     admin_token: str = ""
+    # CURVE towards bookies that require it (the ClientConfig keys of the same names)
+    curve_secret_key_file: str = ""
+    curve_server_public_key_file: str = ""
+    curve_server_keys_dir: str = ""
+
+    def client_config(self) -> ClientConfig:
+        """The client settings the auditor's checks and the replicators use."""
+        return ClientConfig(curve_secret_key_file=self.curve_secret_key_file,
+                            curve_server_public_key_file=self.curve_server_public_key_file,
+                            curve_server_keys_dir=self.curve_server_keys_dir).validate()
 
     def validate(self) -> AutoRecoveryConfig:
         if not self.metadata_uri:

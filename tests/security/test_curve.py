@@ -1,10 +1,9 @@
 """ZeroMQ CURVE on a bookie: authorized clients work, everyone else gets nothing.
 
 The bookie runs in this process (``zbk.actors.bookie.Bookie``, real sockets on loopback,
-real actors and disks), built from a BookieConfig with the CURVE keys. Its Server loop is
-given ``CurveServer.from_config(cfg)``; the fixture passes it explicitly, so the test also
-holds once the bookie wires it itself. Clients: the real client (``zbk.BookKeeper`` over
-``ZmqTransport(curve=...)``) and raw DEALER sockets.
+real actors and disks), built from a BookieConfig with the CURVE keys, which the bookie
+applies to its Server socket itself. Clients: the real client (``zbk.BookKeeper`` with the
+CURVE keys in its ClientConfig) and raw DEALER sockets; and once, a `zbk bookie` process.
 """
 
 from __future__ import annotations
@@ -20,9 +19,7 @@ import zmq
 from helpers.procs import free_port
 
 import zbk
-import zbk.actors.bookie as bookie_module
 from zbk.actors.bookie import Bookie
-from zbk.actors.loops import ServerLoop
 from zbk.client.raw import BookieConnection
 from zbk.client.transport import ZmqTransport
 from zbk.config import BookieConfig, ClientConfig
@@ -54,16 +51,10 @@ def keys(tmp_path: Path) -> Keys:
 
 
 @pytest.fixture
-def curve_bookie(tmp_path: Path, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bookie]:
+def curve_bookie(tmp_path: Path, keys: Keys) -> Iterator[Bookie]:
     cfg = BookieConfig(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path / "bookie"),
                        port=free_port(), http_port=free_port(), registration_ttl_s=2,
                        curve_secret_key_file=keys.server_secret, curve_authorized_keys_dir=str(keys.authorized))
-
-    def server_loop(**kw: Any) -> ServerLoop:
-        kw["curve"] = CurveServer.from_config(cfg)
-        return ServerLoop(**kw)
-
-    monkeypatch.setattr(bookie_module, "ServerLoop", server_loop)
     bk = Bookie(cfg)
     bk.start()
     try:
@@ -102,7 +93,7 @@ def test_authorized_client_writes_and_reads_through_the_real_client(curve_bookie
     uri = curve_bookie.cfg.metadata_uri
     config = ClientConfig(curve_secret_key_file=keys.client_secret,
                           curve_server_public_key_file=keys.server_public).validate()
-    with zbk.BookKeeper(uri, config=config, transport=ZmqTransport(curve=CurveClient.from_config(config))) as bk:
+    with zbk.BookKeeper(uri, config=config) as bk:  # the client applies its CURVE keys itself
         lh = bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"pw", digest="crc32c")
         for i in range(20):
             lh.append(f"entry {i}".encode())
@@ -201,3 +192,33 @@ def test_keygen_command_writes_a_usable_pair(tmp_path: Path) -> None:
     public, secret = load_keypair(str(tmp_path / "b1.key_secret"))
     assert (tmp_path / "b1.key").exists() and (tmp_path / "b1.key_secret").stat().st_mode & 0o077 == 0
     assert main(["keygen", "--dir", str(tmp_path), "--name", "b1"]) == 2  # never overwrites
+
+
+def test_a_bookie_process_with_curve_keys_serves_only_authorized_clients(tmp_path: Path, keys: Keys) -> None:
+    from helpers.bookie import BookieProcess
+
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    b = BookieProcess(tmp_path, uri, name="curve", settings={"curve_secret_key_file": keys.server_secret,
+                                                             "curve_authorized_keys_dir": str(keys.authorized)})
+    b.start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        answer = None
+        while answer is None and time.monotonic() < deadline:
+            assert b.proc is not None and b.proc.poll() is None, b.log_tail()
+            answer = raw_call(b.bookie_id, w.BookieInfoRequest(rid=1), keys.client(), timeout_s=0.5)
+        assert answer is not None and answer.status == Status.EOK
+        assert raw_call(b.bookie_id, w.BookieInfoRequest(rid=2), curve=None, timeout_s=1.0) is None
+        assert raw_call(b.bookie_id, w.BookieInfoRequest(rid=3), keys.client(keys.stranger_secret),
+                        timeout_s=1.0) is None
+        config = ClientConfig(curve_secret_key_file=keys.client_secret,
+                              curve_server_public_key_file=keys.server_public).validate()
+        with zbk.BookKeeper(uri, config=config) as bk:
+            lh = bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"pw")
+            assert [lh.append(b"%d" % i) for i in range(5)] == list(range(5))
+            lh.close()
+        assert b.stop() == 0
+    finally:
+        if b.proc is not None and b.proc.poll() is None:
+            b.proc.kill()
+            b.proc.wait(10)

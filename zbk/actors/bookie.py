@@ -56,6 +56,7 @@ from zbk.storage import markers
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
+from zbk.wire.curve import CurveServer
 from zbk.wire.entry import peek_entry_header
 
 log = logging.getLogger(__name__)
@@ -297,6 +298,7 @@ class Bookie:
         self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin", "gc"],
                                       peers=["entrylogger", "journal", "index"],
                                       endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
+                                      curve=CurveServer.from_config(cfg),
                                       max_frame_bytes=cfg.max_frame_bytes,
                                       disk_probe=disk_probe_for(self._all_dirs()),
                                       disk_check_interval_s=cfg.disk_check_interval_ms / 1000.0,

@@ -28,6 +28,7 @@ from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
 from zbk.metadata.store import MetadataStore
 from zbk.metadata.uri import open_store
 from zbk.wire import messages as w
+from zbk.wire.curve import CurveClient
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ class AsyncBookKeeper:
             store = self._store
             if store is None:
                 store = await asyncio.to_thread(open_store, self.metadata_uri or "")
-            self.ctx = ClientContext(store, self._transport or ZmqTransport(), self.config, self._rng)
+            transport = self._transport or ZmqTransport(curve=CurveClient.from_config(self.config))
+            self.ctx = ClientContext(store, transport, self.config, self._rng)
         return self
 
     async def close(self) -> None:

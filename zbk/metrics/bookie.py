@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from zbk.limits import LATENCY_BUCKETS
+
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 ADD_ENTRY_SECONDS = Histogram(

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from zbk.clock import SYSTEM_CLOCK, Clock
+from zbk.config import ClientConfig
 from zbk.errors import CorruptMetadataError, MetadataError, NoSuchLedgerError, ZbkError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaderElection
@@ -113,7 +114,7 @@ class Auditor:
 
     def __init__(self, store: MetadataStore, registry: UnderReplicationRegistry, lease: int, candidate_id: str, *,
                  default_delay_s: float = 0.0, check_interval_s: float = 604_800.0, clock: Clock = SYSTEM_CLOCK,
-                 on_crash: Callable[[], None] | None = None) -> None:
+                 on_crash: Callable[[], None] | None = None, client_config: ClientConfig | None = None) -> None:
         self.store = store
         self.registry = registry
         self.ledgers = LedgerStore(store)
@@ -122,6 +123,7 @@ class Auditor:
         self.clock = clock
         self.check_interval_s = check_interval_s
         self._on_crash = on_crash
+        self.client_config = client_config or ClientConfig().validate()
         self.election = LeaderElection(store, candidate_id, lease, on_lost=self._on_lost)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -247,10 +249,11 @@ class Auditor:
     async def _fragment_check(self) -> None:
         from zbk.client.bookkeeper import ClientContext
         from zbk.client.transport import ZmqTransport
-        from zbk.config import ClientConfig
         from zbk.recovery.checker import LedgerChecker
+        from zbk.wire.curve import CurveClient
 
-        ctx = ClientContext(self.store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        cfg = self.client_config
+        ctx = ClientContext(self.store, ZmqTransport(curve=CurveClient.from_config(cfg)), cfg, random.Random())
         try:
             await LedgerChecker(ctx, self.registry, stop=self._stop).check_all()
         finally:

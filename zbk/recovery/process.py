@@ -104,7 +104,8 @@ class AutoRecovery:
             self.http.start()
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
                                default_delay_s=self.cfg.lost_bookie_recovery_delay_s,
-                               check_interval_s=self.cfg.auditor_periodic_check_interval_s, on_crash=self._crashed)
+                               check_interval_s=self.cfg.auditor_periodic_check_interval_s, on_crash=self._crashed,
+                               client_config=self.cfg.client_config())
         self.auditor.start()
         self._replicator_thread = threading.Thread(target=self._run_replicator, args=(lease,),
                                                    name="zbk-replicator", daemon=True)
@@ -125,10 +126,12 @@ class AutoRecovery:
     async def _replicate(self, lease: int) -> None:
         from zbk.client.bookkeeper import ClientContext
         from zbk.client.transport import ZmqTransport
-        from zbk.config import ClientConfig
         from zbk.recovery.replicator import Replicator
+        from zbk.wire.curve import CurveClient
 
-        ctx = ClientContext(self.store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        client_cfg = self.cfg.client_config()
+        ctx = ClientContext(self.store, ZmqTransport(curve=CurveClient.from_config(client_cfg)), client_cfg,
+                            random.Random())
         self._loop = asyncio.get_running_loop()
         self._replicator = Replicator(ctx, self.registry, lease, workers=self.cfg.replicator_workers,
                                       grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s,

@@ -36,6 +36,8 @@ from zbk.wire.messages import (
     Blob,
     BookieInfoRequest,
     BookieInfoResponse,
+    ClearLimboRequest,
+    ClearLimboResponse,
     ErrorResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -49,9 +51,7 @@ from zbk.wire.messages import (
     Request,
     Response,
     WriteCloseRequest,
-    ClearLimboRequest,
     WriteCloseResponse,
-    ClearLimboResponse,
     WriteLacRequest,
     WriteLacResponse,
 )
