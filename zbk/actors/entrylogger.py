@@ -123,6 +123,8 @@ class EntryLoggerCore:
                 break
             blobs.append(blob)
             size += len(blob)
+        if not error and msg.error and len(blobs) == len(msg.locations):
+            error = msg.error  # every entry before the damaged index slot was sent: then EIO
         self.outbox.send("server", ReadResult(msg.ctx, msg.ledger_id, blobs, msg.ledger_known, error))
 
     def on_tick(self, now: float) -> None:

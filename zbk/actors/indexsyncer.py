@@ -73,8 +73,13 @@ class IndexCore:
             self._header(msg)
         elif isinstance(msg, ListEntries):
             known = cache.exists(msg.ledger_id)
-            ranges = cache.entry_ids(msg.ledger_id) if known else []
-            self.outbox.send("server", EntryList(msg.ctx, msg.ledger_id, ranges, known))
+            try:
+                ranges = cache.entry_ids(msg.ledger_id) if known else []
+                error = ""
+            except CorruptDataError as e:
+                log.error("index: listing ledger %d failed: %s", msg.ledger_id, e)
+                ranges, error = [], str(e)
+            self.outbox.send("server", EntryList(msg.ctx, msg.ledger_id, ranges, known, error))
         elif isinstance(msg, Checkpoint):
             self._finish_checkpoint(msg, now)
         elif isinstance(msg, DeleteLedgers):
@@ -89,16 +94,24 @@ class IndexCore:
         assert self.outbox is not None
         get, lid = self.cache.get, msg.ledger_id
         locations: list[int] = []
+        error = ""
         for eid in range(msg.first_entry_id, msg.first_entry_id + msg.count):
-            loc = get(lid, eid)
+            try:
+                loc = get(lid, eid)
+            except CorruptDataError as e:
+                # A damaged index page answers EIO for this read (the client reads another
+                # replica; the auditor's check repairs this one), never stops the bookie.
+                log.error("index: lookup of ledger %d entry %d failed: %s", lid, eid, e)
+                error = str(e)
+                break
             if loc is None:
                 if msg.sparse:
                     continue
                 break
             locations.append(loc)
-        known = bool(locations) or self.cache.exists(lid)
+        known = bool(locations) or bool(error) or self.cache.exists(lid)
         self.outbox.send("entrylogger", ReadLocations(msg.ctx, lid, msg.first_entry_id, locations,
-                                                      known, msg.bytes_max))
+                                                      known, msg.bytes_max, error))
 
     def _header(self, msg: HeaderUpdate) -> None:
         c, lid = self.cache, msg.ledger_id

@@ -117,6 +117,7 @@ class ReadLocations:
     locations: list[int]
     ledger_known: bool
     bytes_max: int
+    error: str = ""  # the index is damaged after ``locations``: answer EIO there
 
 
 @dataclass(slots=True)
@@ -140,6 +141,7 @@ class EntryList:
     ledger_id: int
     ranges: list[tuple[int, int]]
     ledger_known: bool
+    error: str = ""  # the ledger's index is damaged: the list is unknown (EIO)
 
 
 @dataclass(slots=True)

@@ -577,7 +577,9 @@ class ServerCore:
         p = self.reads.pop(msg.ctx)
         state = self.ledgers.get(msg.ledger_id)
         status = Status.EOK
-        if not msg.ranges and state is not None and state.limbo:
+        if msg.error:
+            status = Status.EIO  # a damaged index: no list is better than a wrong one
+        elif not msg.ranges and state is not None and state.limbo:
             status = Status.EUNKNOWN
         m.REQUESTS_TOTAL.labels("list_entries", status.name).inc()
         self.reply(p.ident, encode(w.ListEntriesResponse(rid=p.req.rid, status=status, ledger_id=msg.ledger_id,

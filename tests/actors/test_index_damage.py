@@ -1,0 +1,40 @@
+"""A damaged index page found while running answers EIO for the reads and the entry list
+that need it: the index actor must not crash (which would stop the bookie)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zbk.actors.base import ListOutbox
+from zbk.actors.indexsyncer import IndexCore
+from zbk.actors.messages import EntryList, ListEntries, Lookup, ReadLocations
+from zbk.storage.ledgercache import LedgerCache
+
+SLOT = 16
+HEADER = 128
+
+
+def test_damaged_slot_is_an_error_result_not_a_crash(tmp_path: Path) -> None:
+    d = str(tmp_path / "index")
+    cache = LedgerCache([d])
+    for lid in (1, 2):
+        cache.set_master_key(lid, b"k" * 32)
+        for e in range(10):
+            cache.put(lid, e, (1 << 40) | (1000 + 100 * e))
+    cache.flush()
+    idx = next(p for p in Path(d).rglob("*.idx") if p.name == f"{1:016x}.idx")
+    raw = bytearray(idx.read_bytes())
+    raw[HEADER + 5 * SLOT + 3] ^= 0xFF  # entry 5's slot
+    idx.write_bytes(bytes(raw))
+
+    core = IndexCore(LedgerCache([d]), flush_interval_s=60, persist_mark=lambda _m: None)
+    core.outbox = out = ListOutbox()
+    core.on_message(Lookup(ctx=1, ledger_id=1, first_entry_id=0, count=10, bytes_max=1 << 20), 0.0)
+    (res,) = out.take("entrylogger", ReadLocations)
+    assert len(res.locations) == 5 and res.error and res.ledger_known, res
+    core.on_message(ListEntries(ctx=2, ledger_id=1), 0.0)
+    (lst,) = out.take("server", EntryList)
+    assert lst.error and lst.ranges == []
+    core.on_message(Lookup(ctx=3, ledger_id=2, first_entry_id=0, count=10, bytes_max=1 << 20), 0.0)
+    (ok,) = out.take("entrylogger", ReadLocations)
+    assert len(ok.locations) == 10 and not ok.error, "the other ledger is unaffected"
