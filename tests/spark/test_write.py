@@ -87,3 +87,14 @@ def test_write_refuses_bad_frames_and_modes(spark: Any, zbk_cluster: ZbkCluster,
     with pytest.raises(Exception, match="reserved"):
         ok.mode("append").option("metadata", zbk_cluster.uri).option("custom_metadata", "zbk.spark.job=x").save()
     assert not ledgers_tagged(zbk_cluster.uri, app)
+
+
+def test_plain_save_appends_as_api_md_shows(spark: Any, zbk_cluster: ZbkCluster, app: str) -> None:
+    """``df.write.format("zbk").option(...).save()`` with no mode: Spark's default
+    (errorifexists) is refused for Python data sources, so zbk's writer appends."""
+    df = spark.range(0, 50, 1, 1).selectExpr("cast(concat('plain-', id) as binary) as payload")
+    df.write.format("zbk").option("metadata", zbk_cluster.uri).option("custom_metadata", f"app={app}").save()
+    (md,) = ledgers_tagged(zbk_cluster.uri, app)
+    with BookKeeper(zbk_cluster.uri) as bk:
+        rh = bk.open_ledger(md.ledger_id, password=b"")
+        assert [e.payload for e in rh.read(0, md.last_entry_id)] == [b"plain-%d" % i for i in range(50)]
