@@ -1,0 +1,359 @@
+"""zbk against NATS JetStream, same durability, same workload, same machine, one run.
+
+Starts a 3-node NATS JetStream cluster (file storage, ``sync_interval: always``, streams
+of 3 replicas) and a 3-bookie zbk cluster (embedded sqlite metadata, journal fsynced) on
+127.0.0.1, then drives the same workload at each in alternation, zbk then NATS, for
+``--rounds`` rounds:
+
+* throughput: ``--throughput-window`` (1,000) appends in flight, 1 KiB payloads;
+* latency: ``--latency-window`` (1) append in flight (each waits for the previous one).
+
+zbk writes ledgers of E3 WQ3 AQ2 (every bookie stores every entry; an append is confirmed
+once two bookies have fsynced it), NATS a stream of R3 (a publish is acknowledged once a
+quorum of two replicas has stored it, every store fsynced): the same durability. The zbk
+load is `zbk bench`'s own code (zbk.cli.bench._bench); the NATS load is the same loop
+around nats-py's ``publish_async``, connected to the stream leader's server (NATS's best
+case: no extra hop). Each measurement runs in a fresh client process after a short warm-up
+on the same ledger/stream client. Every figure is the median of the rounds with min-max;
+the ratios are zbk/NATS of the medians. Prints a table and one JSON line, optionally
+plots latency percentiles, and stops every process it started by PID (also on Ctrl-C).
+
+    .venv/bin/python bench/peers.py --rounds 3 --seconds 8 --plot docs/img/peers_latency.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _procs import (  # noqa: E402
+    NatsCluster,
+    ZbkCluster,
+    cpu_seconds,
+    git_rev,
+    install_signal_handlers,
+    loadavg,
+    median_range,
+    pct,
+    rss_bytes,
+    run_json,
+)
+
+SYSTEMS = ("zbk", "nats")
+
+
+# -- workers (each in its own process) ---------------------------------------------------------
+def zbk_worker(args: argparse.Namespace) -> dict[str, Any]:
+    from zbk.cli.bench import _bench
+
+    def ns(seconds: float) -> argparse.Namespace:
+        return argparse.Namespace(metadata=args.metadata, ensemble=3, write_quorum=3, ack_quorum=2,
+                                  entry_size=args.size, entries=None, seconds=seconds, window=args.window,
+                                  digest="crc32c", json=True, keep=False)
+
+    if args.warmup > 0:
+        asyncio.run(_bench(ns(args.warmup)))
+    return asyncio.run(_bench(ns(args.seconds)))
+
+
+async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """`zbk bench`'s loop (zbk/cli/bench.py) around JetStream publish_async."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    servers = dict(s.split("=", 1) for s in args.servers.split(","))
+    name = f"BENCH{os.getpid()}"
+    subject = f"bench.{os.getpid()}"
+    admin = await nats.connect(servers=list(servers.values()), connect_timeout=5)
+    try:
+        ajs = admin.jetstream(timeout=30)
+        await ajs.add_stream(StreamConfig(name=name, subjects=[subject], num_replicas=3,
+                                          storage=StorageType.FILE))
+        leader = None
+        deadline = time.monotonic() + 30
+        while leader is None:
+            info = await ajs.stream_info(name)
+            leader = info.cluster.leader if info.cluster else None
+            if leader is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no stream leader elected")
+                await asyncio.sleep(0.1)
+        nc = await nats.connect(servers=[servers[leader]], connect_timeout=5, pending_size=64 * 1024 * 1024)
+        try:
+            js = nc.jetstream(timeout=30, publish_async_max_pending=max(args.window, 1) + 1)
+            payload = os.urandom(args.size)
+
+            async def run(seconds: float) -> dict[str, Any]:
+                lat: list[float] = []
+                sem = asyncio.Semaphore(args.window)
+                done = 0
+                errors = 0
+
+                def finished(start: float, fut: asyncio.Future[Any]) -> None:
+                    nonlocal done, errors
+                    sem.release()
+                    if not fut.cancelled() and fut.exception() is None:
+                        lat.append(time.perf_counter() - start)
+                        done += 1
+                    else:
+                        errors += 1
+
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    await sem.acquire()
+                    started = time.perf_counter()
+                    fut = await js.publish_async(subject, payload)
+                    fut.add_done_callback(functools.partial(finished, started))
+                for _ in range(args.window):
+                    await sem.acquire()
+                elapsed = time.perf_counter() - t0
+                if errors:
+                    raise RuntimeError(f"{errors} publishes failed")
+                lat.sort()
+                return {"entries": done, "entry_size": args.size, "seconds": round(elapsed, 3),
+                        "entries_per_s": round(done / elapsed, 1), "mb_per_s": round(done * args.size / elapsed / 1e6, 2),
+                        "p50_ms": round(pct(lat, 0.50) * 1000, 3), "p95_ms": round(pct(lat, 0.95) * 1000, 3),
+                        "p99_ms": round(pct(lat, 0.99) * 1000, 3), "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0,
+                        "replicas": 3, "window": args.window, "stream_leader": leader}
+
+            if args.warmup > 0:
+                await run(args.warmup)
+            report = await run(args.seconds)
+            info = await js.stream_info(name)
+            report["stream_messages"] = info.state.messages
+        finally:
+            await nc.close()
+        await ajs.delete_stream(name)
+    finally:
+        await admin.close()
+    return report
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    cpu0 = time.process_time()
+    report = zbk_worker(args) if args.worker == "zbk" else asyncio.run(_nats_bench(args))
+    # Warm-up and setup included: an upper bound on the client's own CPU share.
+    report["client_cpu_s"] = round(time.process_time() - cpu0, 2)
+    print(json.dumps(report))
+    return 0
+
+
+# -- the orchestrator --------------------------------------------------------------------------
+def measure(system: str, window: int, args: argparse.Namespace, zbk: ZbkCluster, nats: NatsCluster) -> dict[str, Any]:
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", system, "--window", str(window),
+            "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--size", str(args.size)]
+    if system == "zbk":
+        argv += ["--metadata", zbk.metadata]
+        if args.profile_client:
+            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+            out = f"{args.profile_client}-w{window}-{int(time.time())}.txt"
+            argv = [spy, "record", "--format", "raw", "--threads", "--rate", "200", "-o", out, "--", *argv]
+    else:
+        argv += ["--servers", ",".join(f"{nd.name}={nd.url}" for nd in nats.nodes)]
+    load_before = loadavg()
+    before = [b.sums() for b in zbk.bookies] if system == "zbk" else []
+    servers = [b.pid for b in zbk.bookies] if system == "zbk" else [nd.pid for nd in nats.nodes]
+    cpu0 = sum(cpu_seconds(p) for p in servers)
+    t0 = time.perf_counter()
+    r = run_json(argv, timeout_s=args.seconds + 2 * args.warmup + 120)
+    wall = time.perf_counter() - t0
+    r["load_before"], r["load_after"] = load_before, loadavg()
+    # CPU of the three servers over the whole worker run (setup and warm-up included), as
+    # cores busy and as microseconds per measured entry (an upper bound).
+    server_cpu = sum(cpu_seconds(p) for p in servers) - cpu0
+    r["server_cores"] = round(server_cpu / wall, 2)
+    r["client_cores"] = round(r["client_cpu_s"] / wall, 2)
+    r["worker_wall_s"] = round(wall, 2)
+    if system == "zbk":
+        # Where an append's time goes inside the bookies (warm-up included): the bookie-side
+        # add latency (request in -> response out) and the journal fsync, means over the run.
+        d: dict[str, float] = {}
+        for b, s0 in zip(zbk.bookies, before, strict=True):
+            for k, v in b.sums().items():
+                d[k] = d.get(k, 0.0) + v - s0[k]
+
+        def mean(name: str, scale: float = 1.0) -> float:
+            return round(d[f"{name}_sum"] / d[f"{name}_count"] * scale, 3) if d[f"{name}_count"] else 0.0
+
+        r["bookie_add_mean_ms"] = mean("zbk_bookie_add_entry_seconds", 1000)
+        r["bookie_fsync_mean_ms"] = mean("zbk_journal_fsync_seconds", 1000)
+        r["bookie_entries_per_fsync"] = mean("zbk_journal_group_commit_entries")
+    return r
+
+
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    def figure(system: str, window: int, key: str) -> dict[str, float] | None:
+        vals = [r[key] for r in runs if r["system"] == system and r["window"] == window and key in r]
+        return median_range(vals) if vals else None
+
+    tw, lw = args.throughput_window, args.latency_window
+    out: dict[str, Any] = {}
+    for s in SYSTEMS:
+        out[s] = {f"entries_per_s_w{tw}": figure(s, tw, "entries_per_s"),
+                  f"p50_ms_w{tw}": figure(s, tw, "p50_ms"), f"p99_ms_w{tw}": figure(s, tw, "p99_ms"),
+                  f"entries_per_s_w{lw}": figure(s, lw, "entries_per_s"),
+                  f"p50_ms_w{lw}": figure(s, lw, "p50_ms"), f"p95_ms_w{lw}": figure(s, lw, "p95_ms"),
+                  f"p99_ms_w{lw}": figure(s, lw, "p99_ms"), f"max_ms_w{lw}": figure(s, lw, "max_ms")}
+        for w in (tw, lw):
+            for k in ("server_cores", "client_cores"):
+                out[s][f"{k}_w{w}"] = figure(s, w, k)
+        if s == "zbk":
+            for w in (tw, lw):
+                for k in ("bookie_add_mean_ms", "bookie_fsync_mean_ms", "bookie_entries_per_fsync"):
+                    out[s][f"{k}_w{w}"] = figure(s, w, k)
+    z, n = out["zbk"], out["nats"]
+    thr = z[f"entries_per_s_w{tw}"]["median"] / n[f"entries_per_s_w{tw}"]["median"]
+    p50 = z[f"p50_ms_w{lw}"]["median"] / n[f"p50_ms_w{lw}"]["median"]
+    p99 = z[f"p99_ms_w{lw}"]["median"] / n[f"p99_ms_w{lw}"]["median"]
+    out["ratios"] = {f"throughput_w{tw}": round(thr, 3), f"p50_w{lw}": round(p50, 3), f"p99_w{lw}": round(p99, 3)}
+    out["targets"] = {f"throughput_w{tw} >= 2.0": thr >= 2.0, f"p50_w{lw} <= 0.7": p50 <= 0.7,
+                      f"p99_w{lw} <= 1.0": p99 <= 1.0}
+    return out
+
+
+def fmt(f: dict[str, float], digits: int = 1) -> str:
+    return f"{f['median']:,.{digits}f} ({f['min']:,.{digits}f}-{f['max']:,.{digits}f})"
+
+
+def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    tw, lw = args.throughput_window, args.latency_window
+    rows = [(f"entries/s, window {tw}", f"entries_per_s_w{tw}", 0), (f"p50 ms, window {tw}", f"p50_ms_w{tw}", 1),
+            (f"p99 ms, window {tw}", f"p99_ms_w{tw}", 1), (f"entries/s, window {lw}", f"entries_per_s_w{lw}", 0),
+            (f"p50 ms, window {lw}", f"p50_ms_w{lw}", 2), (f"p99 ms, window {lw}", f"p99_ms_w{lw}", 2)]
+    print(f"\n{args.size} B entries; zbk E3 WQ3 AQ2 vs NATS JetStream R3 file sync=always; "
+          f"median (min-max) of {args.rounds} rounds")
+    print(f"{'':24} {'zbk':>28} {'NATS':>28}")
+    for label, key, d in rows:
+        print(f"{label:24} {fmt(summary['zbk'][key], d):>28} {fmt(summary['nats'][key], d):>28}")
+    r = summary["ratios"]
+    print(f"zbk/NATS: throughput x{r[f'throughput_w{tw}']:.2f} (target >= 2.0), p50 x{r[f'p50_w{lw}']:.2f} "
+          f"(target <= 0.7), p99 x{r[f'p99_w{lw}']:.2f} (target <= 1.0)")
+
+
+def plot(summary: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Namespace, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    keys = ["p50_ms", "p95_ms", "p99_ms", "max_ms"]
+    colors = {"zbk": "tab:blue", "nats": "tab:orange"}
+    for ax, window in zip(axes[:2], (args.latency_window, args.throughput_window), strict=True):
+        for i, s in enumerate(SYSTEMS):
+            mr = [median_range([r[k] for r in runs if r["system"] == s and r["window"] == window]) for k in keys]
+            xs = [j + (i - 0.5) * 0.38 for j in range(len(keys))]
+            med = [m["median"] for m in mr]
+            err = [[m["median"] - m["min"] for m in mr], [m["max"] - m["median"] for m in mr]]
+            ax.bar(xs, med, width=0.36, yerr=err, capsize=3, color=colors[s], label="zbk E3 WQ3 AQ2" if s == "zbk"
+                   else "NATS JetStream R3")
+        ax.set_xticks(range(len(keys)), [k.removesuffix("_ms") for k in keys])
+        ax.set_yscale("log")
+        ax.set_ylabel("append latency, ms (log)")
+        ax.set_title(f"latency, window {window}")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    tw = args.throughput_window
+    for i, s in enumerate(SYSTEMS):
+        f = summary[s][f"entries_per_s_w{tw}"]
+        ax.bar([i], [f["median"]], yerr=[[f["median"] - f["min"]], [f["max"] - f["median"]]], capsize=4,
+               color=colors[s], width=0.6)
+    ax.set_xticks([0, 1], ["zbk", "NATS"])
+    ax.set_ylabel("entries/s")
+    ax.set_title(f"throughput, window {tw}")
+    fig.suptitle(f"{args.size} B entries, 3 replicas, fsync on; median and min-max of {args.rounds} rounds "
+                 f"(bench/peers.py)", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (at least 3 for the report)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each run")
+    ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run")
+    ap.add_argument("--size", type=int, default=1024, help="payload bytes")
+    ap.add_argument("--throughput-window", type=int, default=1000)
+    ap.add_argument("--latency-window", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
+    ap.add_argument("--plot", metavar="PNG", help="write a latency/throughput figure here")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the full report (every run) here")
+    ap.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
+    ap.add_argument("--from-json", metavar="FILE", help="only print and plot a run saved with --json-out")
+    ap.add_argument("--profile", metavar="FILE", help="run zbk bookie-0 under py-spy --gil (raw profile here)")
+    ap.add_argument("--profile-client", metavar="PREFIX", help="run each zbk client under py-spy "
+                    "(raw profile PREFIX-w<window>-<time>.txt)")
+    # worker mode (internal)
+    ap.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--window", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--metadata", help=argparse.SUPPRESS)
+    ap.add_argument("--servers", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker_main(args)
+    if args.from_json:  # re-print and re-plot a saved run (--json-out) without running anything
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        for k in ("rounds", "seconds"):
+            setattr(args, k, saved[k])
+        args.size = saved["entry_size"]
+        summary = summarize(saved["runs"], args)
+        print_table(summary, args)
+        if args.plot:
+            plot(summary, saved["runs"], args, args.plot)
+            print(f"plot: {args.plot}")
+        return 0
+
+    install_signal_handlers(args.max_seconds)
+    settings = dict(s.split("=", 1) for s in args.set)
+    started = time.time()
+    runs: list[dict[str, Any]] = []
+    nats, zbk = NatsCluster(3), ZbkCluster(3, settings=settings, profile=args.profile)
+    try:
+        nats.start()
+        zbk.start()
+        print(f"NATS {nats.urls}; zbk {[b.bookie_id for b in zbk.bookies]} ({zbk.metadata}); load {loadavg()}",
+              flush=True)
+        for rnd in range(args.rounds):
+            for window in (args.throughput_window, args.latency_window):
+                for system in SYSTEMS:
+                    r = measure(system, window, args, zbk, nats)
+                    r.update(system=system, round=rnd)
+                    runs.append(r)
+                    extra = (f"  [bookie: add {r['bookie_add_mean_ms']:.2f} ms, fsync {r['bookie_fsync_mean_ms']:.2f} ms, "
+                             f"{r['bookie_entries_per_fsync']:.0f} entries/fsync (means)]" if system == "zbk" else "")
+                    print(f"round {rnd + 1} {system:4} window {window:5}: {r['entries_per_s']:>9,.0f} entries/s  "
+                          f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  max {r['max_ms']:7.2f} ms  "
+                          f"cores: servers {r['server_cores']:.2f} client {r['client_cores']:.2f}  "
+                          f"(load {r['load_before']}){extra}", flush=True)
+        rss = {"zbk_bookies_mib": [round(rss_bytes(b.pid) / 2**20, 1) for b in zbk.bookies],
+               "nats_servers_mib": [round(rss_bytes(nd.pid) / 2**20, 1) for nd in nats.nodes]}
+    finally:
+        zbk.stop()
+        nats.stop()
+    summary = summarize(runs, args)
+    report = {"bench": "peers", "git": git_rev(), "rounds": args.rounds, "seconds": args.seconds,
+              "entry_size": args.size, "zbk_settings": settings, "load_end": loadavg(),
+              "wall_s": round(time.time() - started, 1), "rss_end": rss, **summary}
+    print_table(summary, args)
+    if args.plot:
+        plot(summary, runs, args, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({**report, "runs": runs}, f, indent=1)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
