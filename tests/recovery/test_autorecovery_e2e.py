@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 from helpers.wait import wait_until
@@ -196,16 +197,22 @@ def test_auditor_fails_over_and_delay_is_shared(rcluster) -> None:
     assert c.stop() == 0
 
 
-def test_restart_within_the_delay_and_read_only_are_not_losses(rcluster) -> None:
+def one_ledger_on_four_bookies(rcluster, *, delay_s: float) -> tuple[Any, Any, Any]:
+    """4 bookies, an autorecovery process with ``delay_s`` that leads, and one closed
+    E4/WQ2 ledger of 20 entries (so it is on every bookie)."""
     rcluster.start_bookies(4)
-    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=4, lease_ttl_s=2)
+    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=delay_s, lease_ttl_s=2)
     wait_until(lambda: ar.get("/api/v1/autorecovery/who_is_auditor")["auditor"], timeout_s=10, message="a leader")
-    store = open_store(rcluster.uri)
+    with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
+        lh = bk.create_ledger(4, 2, 2, password=PW)
+        write(lh, 0, 20)
+        lh.close()
+    return ar, open_store(rcluster.uri), lh
+
+
+def test_restart_within_the_delay_and_read_only_are_not_losses(rcluster) -> None:
+    ar, store, _ = one_ledger_on_four_bookies(rcluster, delay_s=4)
     try:
-        with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
-            lh = bk.create_ledger(4, 2, 2, password=PW)  # on every bookie
-            write(lh, 0, 20)
-            lh.close()
         events: list[str] = []
         watch = store.watch(layout.UNDERREPLICATED_LEDGERS, lambda ev: events.append(ev.key),
                             start_revision=store.revision() + 1)
@@ -231,15 +238,8 @@ def test_restart_within_the_delay_and_read_only_are_not_losses(rcluster) -> None
 
 
 def test_delay_60s_then_0(rcluster) -> None:
-    rcluster.start_bookies(4)
-    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=60, lease_ttl_s=2)
-    wait_until(lambda: ar.get("/api/v1/autorecovery/who_is_auditor")["auditor"], timeout_s=10, message="a leader")
-    store = open_store(rcluster.uri)
+    ar, store, lh = one_ledger_on_four_bookies(rcluster, delay_s=60)
     try:
-        with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
-            lh = bk.create_ledger(4, 2, 2, password=PW)  # on every bookie
-            write(lh, 0, 20)
-            lh.close()
         marked = threading.Event()
         watch = store.watch(layout.UNDERREPLICATED_LEDGERS, lambda ev: marked.set(),
                             start_revision=store.revision() + 1)

@@ -15,17 +15,12 @@ from pathlib import Path
 from helpers.wait import wait_until
 
 import zbk
-from zbk.client.digest import make_digest
-from zbk.client.raw import BookieConnection
 from zbk.config import ClientConfig
-from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore, list_bookies
 from zbk.metadata.uri import open_store
-from zbk.recovery.repair import expected_entries
 from zbk.recovery.underreplication import UnderReplicationRegistry
-from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
-from zbk.wire.status import Status
+
+from .replicas import unreadable_on
 
 PW = b"checks"
 FAST = ClientConfig(add_timeout_ms=2000, read_timeout_ms=1500, speculative_read_ms=300)
@@ -43,20 +38,6 @@ def write_ledger(bk: zbk.BookKeeper, ensemble: int, wq: int, n: int, *, close: b
     if close:
         lh.close()
     return lh
-
-
-def unreadable_on(bookie: str, md: LedgerMetadata) -> list[int]:
-    digest = make_digest(md.digest, md.password)
-    bad = []
-    with BookieConnection(bookie, timeout_s=5) as c:
-        for e in expected_entries(md, bookie, closed_fragments_only=True):
-            r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=md.ledger_id, first_entry_id=e))
-            try:
-                assert r.status == Status.EOK and r.entries
-                parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
-            except Exception:  # noqa: BLE001 - any failure counts as unreadable
-                bad.append(e)
-    return bad
 
 
 def shell(uri: str, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -125,7 +106,7 @@ def test_damaged_entry_log_is_found_by_the_check_and_repaired(rcluster) -> None:
 
 
 def test_recover_decommissions_a_bookie(rcluster) -> None:
-    bookies = rcluster.start_bookies(4)
+    rcluster.start_bookies(4)
     store = open_store(rcluster.uri)
     ledgers = LedgerStore(store)
     bk = zbk.BookKeeper(rcluster.uri, config=FAST)

@@ -14,18 +14,16 @@ import pytest
 from helpers.wait import wait_until
 
 import zbk
-from zbk.client.digest import make_digest
 from zbk.client.raw import BookieConnection
 from zbk.config import ClientConfig
 from zbk.errors import LedgerFencedError
-from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.uri import open_store
-from zbk.recovery.repair import expected_entries
 from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
 from zbk.wire.status import Status
+
+from .replicas import unreadable_on
 
 PW = b"bp46"
 FAST = ClientConfig(add_timeout_ms=2000, read_timeout_ms=1500, speculative_read_ms=300)
@@ -39,20 +37,6 @@ OPEN_LEDGERS = 3
 
 def data(lid: int, i: int) -> bytes:
     return hashlib.sha256(f"{lid}/{i}".encode()).digest() * 8
-
-
-def bookie_serves_all(bookie: str, md: LedgerMetadata) -> list[int]:
-    """Entries ``md`` assigns to ``bookie`` that it does not return intact (digest checked)."""
-    digest = make_digest(md.digest, md.password)
-    bad = []
-    with BookieConnection(bookie, timeout_s=5) as c:
-        for e in expected_entries(md, bookie, closed_fragments_only=True):
-            r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=md.ledger_id, first_entry_id=e))
-            if r.status != Status.EOK or not r.entries:
-                bad.append(e)
-                continue
-            parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
-    return bad
 
 
 def info(bookie: str) -> w.BookieInfoResponse:
@@ -117,7 +101,7 @@ def test_journal_off_kill9_limbo_is_repaired_by_autorecovery(rcluster) -> None:
                 f"ledger {lid} closed at {md.last_entry_id}, acked up to {last_acked}"
             assert victim.bookie_id in md.all_bookies(), "repaired in place, not replaced"
             # The victim alone serves every entry its fragments assign to it.
-            assert bookie_serves_all(victim.bookie_id, md) == []
+            assert unreadable_on(victim.bookie_id, md) == []
             rh = bk.open_ledger(lid, password=PW)
             got = [e.payload for e in rh.read(0, md.last_entry_id)]
             assert got[:last_acked + 1] == [data(lid, i) for i in range(last_acked + 1)]

@@ -53,6 +53,17 @@ from zbk.metadata.store import MetadataStore, iter_prefix
 MARK_FORMAT = 1
 
 
+def _decode_map(data: bytes, what: str) -> dict[str, Any]:
+    """A mark's CBOR map of format MARK_FORMAT, or CorruptMetadataError naming ``what``."""
+    try:
+        raw: Any = cbor2.loads(data)
+    except Exception as e:  # cbor2 raises several types for garbage input
+        raise CorruptMetadataError(f"{what}: not valid CBOR ({e})") from None
+    if not isinstance(raw, dict) or raw.get("fv") != MARK_FORMAT:
+        raise CorruptMetadataError(f"{what}: not a format {MARK_FORMAT} map")
+    return raw
+
+
 @dataclass(frozen=True)
 class UnderReplicatedLedger:
     ledger_id: int
@@ -67,12 +78,7 @@ class UnderReplicatedLedger:
     @classmethod
     def decode(cls, data: bytes, *, ledger_id: int, version: int = 0) -> UnderReplicatedLedger:
         what = f"under-replication mark of ledger {ledger_id}"
-        try:
-            raw: Any = cbor2.loads(data)
-        except Exception as e:  # cbor2 raises several types for garbage input
-            raise CorruptMetadataError(f"{what}: not valid CBOR ({e})") from None
-        if not isinstance(raw, dict) or raw.get("fv") != MARK_FORMAT:
-            raise CorruptMetadataError(f"{what}: not a format {MARK_FORMAT} map")
+        raw = _decode_map(data, what)
         lid, mb, ct = raw.get("lid"), raw.get("mb"), raw.get("ct")
         if lid != ledger_id or not isinstance(ct, int) or not isinstance(mb, list) \
                 or not all(isinstance(b, str) for b in mb):
@@ -106,12 +112,7 @@ class RepairMark:
     @classmethod
     def decode(cls, data: bytes, *, ledger_id: int, bookie_id: str, version: int = 0) -> RepairMark:
         what = f"repair mark of ledger {ledger_id} on {bookie_id}"
-        try:
-            raw: Any = cbor2.loads(data)
-        except Exception as e:  # cbor2 raises several types for garbage input
-            raise CorruptMetadataError(f"{what}: not valid CBOR ({e})") from None
-        if not isinstance(raw, dict) or raw.get("fv") != MARK_FORMAT:
-            raise CorruptMetadataError(f"{what}: not a format {MARK_FORMAT} map")
+        raw = _decode_map(data, what)
         why, ct, detail = raw.get("why"), raw.get("ct"), raw.get("d", "")
         if raw.get("lid") != ledger_id or raw.get("bk") != bookie_id or why not in REPAIR_REASONS \
                 or not isinstance(ct, int) or not isinstance(detail, str):
