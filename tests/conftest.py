@@ -76,3 +76,27 @@ def etcd_uri(etcd_server: EtcdCluster, unique_scope: str) -> str:
 @pytest.fixture
 def sqlite_uri(tmp_path: Path, unique_scope: str) -> str:
     return f"sqlite://{tmp_path / 'meta.db'}?scope={unique_scope}"
+
+
+@pytest.fixture
+def bookies(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Factory of real bookie processes (helpers.bookie.BookieProcess) on one embedded
+    metadata store (``bookies.metadata_uri``); every one stopped by PID at teardown."""
+    from helpers.bookie import BookieProcess
+
+    made: list[BookieProcess] = []
+    uri = f"sqlite:///{tmp_path}/meta.db"
+
+    def factory(name: str = "bookie", **kw: object) -> BookieProcess:
+        b = BookieProcess(tmp_path, str(kw.pop("metadata_uri", uri)), name=name, **kw)  # type: ignore[arg-type]
+        made.append(b)
+        return b
+
+    factory.metadata_uri = uri  # type: ignore[attr-defined]
+    try:
+        yield factory
+    finally:
+        for b in made:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.kill()
+                b.proc.wait(10)
