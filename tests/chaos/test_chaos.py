@@ -41,8 +41,10 @@ def test_chaos_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = Path(os.environ["ZBK_CHAOS_DIR"]) / f"seed-{seed}" if os.environ.get("ZBK_CHAOS_DIR") else tmp_path
     with capsys.disabled():
         print(f"\nchaos: seed {seed} (replay: ZBK_CHAOS_SEED={seed}), {fault_s:.0f} s of faults, logs in {root}")
-    report = run_chaos(ChaosConfig(seed=seed, fault_s=fault_s), root)
+    # Uncaptured while it runs: a native abort (a libzmq assertion was seen once in the test
+    # process) then leaves its message in the CI log instead of in a lost capture file.
     with capsys.disabled():
+        report = run_chaos(ChaosConfig(seed=seed, fault_s=fault_s), root)
         print(report.table())
     assert all(report.injected[k] >= 1 for k in KINDS), report.injected
     assert not report.failures(), report.table()
