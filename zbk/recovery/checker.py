@@ -28,16 +28,14 @@ from dataclasses import dataclass, field
 
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest
-from zbk.errors import CorruptMetadataError, DigestMismatchError, NoSuchLedgerError, ZbkError
+from zbk.errors import CorruptMetadataError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore, list_bookies
 from zbk.recovery import metrics as rm
+from zbk.recovery.copier import list_entries, positions_held, read_checked
 from zbk.recovery.repair import held
 from zbk.recovery.underreplication import UnderReplicationRegistry
-from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
 from zbk.wire.messages import EntryRanges
-from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +50,6 @@ class CheckReport:
     placement_violations: int = 0
     unreachable: int = 0  # replicas that did not answer (not marked: maybe a passing blip)
     seconds: float = 0.0
-
-
-def position_span(md: LedgerMetadata, position: int, first: int, last: int) -> tuple[int, int] | None:
-    """The first and last entries of ``first..last`` whose write set includes ``position``."""
-    e_size, wq = md.ensemble_size, md.write_quorum
-    lo = next((e for e in range(first, min(last, first + e_size) + 1) if (position - e) % e_size < wq), None)
-    hi = next((e for e in range(last, max(first, last - e_size) - 1, -1) if (position - e) % e_size < wq), None)
-    return None if lo is None or hi is None else (lo, hi)
 
 
 def write_set_racks_ok(ensemble: tuple[str, ...], wq: int, rack_of: dict[str, str]) -> bool:
@@ -142,46 +132,23 @@ class LedgerChecker:
     async def _check_replica(self, md: LedgerMetadata, bookie: str, position: int, first: int, last: int,
                              digest: Digest, lists: dict[str, EntryRanges | None], report: CheckReport) -> str:
         """What is wrong with ``bookie``'s part of the fragment ("" if nothing)."""
-        span = position_span(md, position, first, last)
-        if span is None:
+        entries = positions_held(md, position, first, last)
+        if not entries:
             return ""
         try:
             if bookie not in lists:
-                lists[bookie] = await self._list(md.ledger_id, bookie)
+                lists[bookie] = await list_entries(self.ctx, bookie, md.ledger_id)
             ranges = lists[bookie]
             if ranges is None:
                 return f"does not know the ledger (fragment {first})"
-            e_size, wq = md.ensemble_size, md.write_quorum
-            for e in range(span[0], span[1] + 1):
-                if (position - e) % e_size < wq and not held(ranges, e):
+            for e in entries:
+                if not held(ranges, e):
                     return f"lacks entry {e} (fragment {first})"
-            for e in sorted(set(span)):
-                why = await self._probe(md, bookie, e, digest)
+            for e in sorted({entries[0], entries[-1]}):
+                _, why = await read_checked(self.ctx, bookie, md, e, digest)
                 if why:
                     return f"entry {e}: {why} (fragment {first})"
         except ZbkError as err:
             report.unreachable += 1
             log.info("check: ledger %d: %s did not answer: %s", md.ledger_id, bookie, err)
-        return ""
-
-    async def _list(self, ledger_id: int, bookie: str) -> EntryRanges | None:
-        t = self.ctx.transport
-        resp = await t.request(bookie, w.ListEntriesRequest(rid=t.next_rid(), ledger_id=ledger_id),
-                               self.ctx.read_timeout_s)
-        if resp.status == Status.EOK and isinstance(resp, w.ListEntriesResponse):
-            return resp.entry_ranges
-        if resp.status in (Status.ENOLEDGER, Status.EUNKNOWN):
-            return None if resp.status == Status.ENOLEDGER else ()
-        raise ZbkError(f"{bookie}: list entries of ledger {ledger_id}: {resp.status.name}")
-
-    async def _probe(self, md: LedgerMetadata, bookie: str, entry_id: int, digest: Digest) -> str:
-        t = self.ctx.transport
-        resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id,
-                                                     first_entry_id=entry_id), self.ctx.read_timeout_s)
-        if resp.status != Status.EOK or not isinstance(resp, w.ReadResponse) or not resp.entries:
-            return f"read answered {resp.status.name}"
-        try:
-            parse_entry(bytes(resp.entries[0]), digest, ledger_id=md.ledger_id, entry_id=entry_id)
-        except DigestMismatchError as e:
-            return f"bad copy ({e})"
         return ""

@@ -22,11 +22,50 @@ from zbk.metadata.ledger import LedgerMetadata
 from zbk.recovery import metrics as rm
 from zbk.wire import messages as w
 from zbk.wire.entry import parse_entry
+from zbk.wire.messages import EntryRanges
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
 
 copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
 copy_batch_bytes_max = limits.frame_bytes_max_default // 2
+
+
+def positions_held(md: LedgerMetadata, position: int, first: int, last: int) -> list[int]:
+    """Entries in ``first..last`` whose write set includes ensemble ``position``:
+    e with (position - e) mod E < WQ (the write set is WQ consecutive members from e mod E)."""
+    e_size, wq = md.ensemble_size, md.write_quorum
+    return [e for e in range(first, last + 1) if (position - e) % e_size < wq]
+
+
+async def read_checked(ctx: ClientContext, bookie: str, md: LedgerMetadata, entry_id: int,
+                       digest: Digest) -> tuple[bytes | None, str]:
+    """One entry from one bookie, digest-checked: (blob, "") or (None, what was wrong).
+    An unreachable bookie raises BookieUnavailableError."""
+    t = ctx.transport
+    resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id, first_entry_id=entry_id),
+                           ctx.read_timeout_s)
+    if resp.status != Status.EOK or not isinstance(resp, w.ReadResponse) or not resp.entries:
+        return None, f"read answered {resp.status.name}"
+    blob = bytes(resp.entries[0])
+    try:
+        parse_entry(blob, digest, ledger_id=md.ledger_id, entry_id=entry_id)
+    except DigestMismatchError as e:
+        return None, f"bad copy ({e})"
+    return blob, ""
+
+
+async def list_entries(ctx: ClientContext, bookie: str, ledger_id: int) -> EntryRanges | None:
+    """The entry ids ``bookie`` holds of the ledger; None if it does not know the ledger,
+    () if it is in limbo and holds nothing (EUNKNOWN)."""
+    t = ctx.transport
+    resp = await t.request(bookie, w.ListEntriesRequest(rid=t.next_rid(), ledger_id=ledger_id), ctx.read_timeout_s)
+    if resp.status == Status.EOK and isinstance(resp, w.ListEntriesResponse):
+        return resp.entry_ranges
+    if resp.status == Status.ENOLEDGER:
+        return None
+    if resp.status == Status.EUNKNOWN:
+        return ()
+    raise error_for_status(resp.status, f"{bookie}: list entries of ledger {ledger_id}")
 
 
 class RateLimiter:
@@ -74,26 +113,18 @@ class EntryCopier:
 
     async def read_good_copy(self, md: LedgerMetadata, entry_id: int, digest: Digest, avoid: set[str]) -> bytes:
         """A digest-checked blob of ``entry_id`` from a replica of its write set."""
-        t = self.ctx.transport
         why: list[str] = []
         for bookie in md.write_set(entry_id):
             if bookie in avoid:
                 continue
             try:
-                resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id,
-                                                             first_entry_id=entry_id), self.ctx.read_timeout_s)
+                blob, wrong = await read_checked(self.ctx, bookie, md, entry_id, digest)
             except BookieUnavailableError as e:
                 why.append(str(e))
                 continue
-            if isinstance(resp, w.ReadResponse) and resp.entries:
-                blob = bytes(resp.entries[0])
-                try:
-                    parse_entry(blob, digest, ledger_id=md.ledger_id, entry_id=entry_id)
-                    return blob
-                except DigestMismatchError as e:
-                    why.append(f"{bookie}: bad copy ({e})")
-                    continue
-            why.append(f"{bookie}: {resp.status.name}")
+            if blob is not None:
+                return blob
+            why.append(f"{bookie}: {wrong}")
         raise BookieUnavailableError(f"ledger {md.ledger_id} entry {entry_id}: no other replica answered "
                                      f"with a good copy ({'; '.join(why) or 'no other replica'})")
 

@@ -27,21 +27,25 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from zbk.client.bookkeeper import ClientContext
-from zbk.client.digest import Digest, master_key
+from zbk.client.digest import master_key
 from zbk.client.recovery import recover
 from zbk.errors import (
     BookieUnavailableError,
-    DigestMismatchError,
     NoSuchLedgerError,
     RepairIncompleteError,
     error_for_status,
 )
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.recovery import metrics as rm
-from zbk.recovery.copier import EntryCopier, copy_batch_entries_max
+from zbk.recovery.copier import (
+    EntryCopier,
+    copy_batch_entries_max,
+    list_entries,
+    positions_held,
+    read_checked,
+)
 from zbk.recovery.underreplication import RepairMark, UnderReplicationRegistry
 from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
 from zbk.wire.messages import EntryRanges
 from zbk.wire.status import Status
 
@@ -52,16 +56,13 @@ def expected_entries(md: LedgerMetadata, bookie: str, *, closed_fragments_only: 
     """Entry ids that ``md``'s fragments assign to ``bookie``: entry e of a fragment where
     ``bookie`` is at ensemble position p, with (p - e) mod E < WQ (e's write set)."""
     out: list[int] = []
-    e_size, wq = md.ensemble_size, md.write_quorum
     for index, (first, ensemble) in enumerate(md.fragments):
         if bookie not in ensemble:
             continue
         if not md.is_closed and index == len(md.fragments) - 1:
             assert closed_fragments_only, "recover an open ledger before repairing its last fragment"
             continue
-        last = md.fragment_end(index)
-        position = ensemble.index(bookie)
-        out.extend(e for e in range(first, last + 1) if (position - e) % e_size < wq)
+        out.extend(positions_held(md, ensemble.index(bookie), first, md.fragment_end(index)))
     return out
 
 
@@ -110,14 +111,14 @@ class InPlaceRepairer:
         want = expected_entries(md, bookie, closed_fragments_only=True)
         if not want:
             return 0
-        ranges = await self._list(md.ledger_id, bookie)
+        ranges = await list_entries(self.ctx, bookie, md.ledger_id) or ()
         missing = [e for e in want if not held(ranges, e)]
         if verify:
             present = [e for e in want if held(ranges, e)]
             missing = sorted(set(missing) | set(await self._unreadable(md, bookie, present)))
         if missing:
             await self.copier.copy(md, missing, bookie, avoid={bookie})
-            ranges = await self._list(md.ledger_id, bookie)
+            ranges = await list_entries(self.ctx, bookie, md.ledger_id) or ()
             still = [e for e in missing if not held(ranges, e)]
             if verify and not still:
                 still = await self._unreadable(md, bookie, missing)
@@ -126,37 +127,15 @@ class InPlaceRepairer:
                                             f"(first {still[:5]}) after the copy")
         return len(missing)
 
-    async def _list(self, ledger_id: int, bookie: str) -> EntryRanges:
-        t = self.ctx.transport
-        resp = await t.request(bookie, w.ListEntriesRequest(rid=t.next_rid(), ledger_id=ledger_id),
-                               self.ctx.read_timeout_s)
-        if resp.status == Status.EOK and isinstance(resp, w.ListEntriesResponse):
-            return resp.entry_ranges
-        if resp.status in (Status.ENOLEDGER, Status.EUNKNOWN):
-            return ()  # holds nothing (EUNKNOWN: in limbo and holds nothing)
-        raise error_for_status(resp.status, f"{bookie}: list entries of ledger {ledger_id}")
-
     async def _unreadable(self, md: LedgerMetadata, bookie: str, entries: list[int]) -> list[int]:
         """Entries of ``entries`` that ``bookie`` does not return with a good digest."""
         digest = self.ctx.digest_for(md.digest, md.password)
         bad: list[int] = []
         for start in range(0, len(entries), copy_batch_entries_max):
             batch = entries[start:start + copy_batch_entries_max]
-            ok = await asyncio.gather(*(self._readable(md, bookie, e, digest) for e in batch))
-            bad.extend(e for e, good in zip(batch, ok, strict=True) if not good)
+            got = await asyncio.gather(*(read_checked(self.ctx, bookie, md, e, digest) for e in batch))
+            bad.extend(e for e, (blob, _) in zip(batch, got, strict=True) if blob is None)
         return bad
-
-    async def _readable(self, md: LedgerMetadata, bookie: str, entry_id: int, digest: Digest) -> bool:
-        t = self.ctx.transport
-        resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=md.ledger_id,
-                                                     first_entry_id=entry_id), self.ctx.read_timeout_s)
-        if resp.status != Status.EOK or not isinstance(resp, w.ReadResponse) or not resp.entries:
-            return False
-        try:
-            parse_entry(bytes(resp.entries[0]), digest, ledger_id=md.ledger_id, entry_id=entry_id)
-            return True
-        except DigestMismatchError:
-            return False
 
     async def _clear_limbo(self, md: LedgerMetadata, bookie: str) -> None:
         t = self.ctx.transport

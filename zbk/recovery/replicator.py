@@ -48,7 +48,7 @@ from zbk.errors import (
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import list_bookies
 from zbk.recovery import metrics as rm
-from zbk.recovery.copier import EntryCopier, RateLimiter
+from zbk.recovery.copier import EntryCopier, RateLimiter, positions_held
 from zbk.recovery.repair import InPlaceRepairer
 from zbk.recovery.underreplication import RepairMark, UnderReplicatedLedger, UnderReplicationRegistry
 
@@ -63,13 +63,6 @@ backoff_s_max = 30.0
 class _Backoff:
     until: float
     delay_s: float
-
-
-def positions_held(md: LedgerMetadata, position: int, first: int, last: int) -> list[int]:
-    """Entries in ``first..last`` whose write set includes ensemble ``position``:
-    e with (position - e) mod E < WQ (the write set is WQ consecutive members from e mod E)."""
-    e_size, wq = md.ensemble_size, md.write_quorum
-    return [e for e in range(first, last + 1) if (position - e) % e_size < wq]
 
 
 class Replicator:
