@@ -207,10 +207,8 @@ def _triggeraudit(args: argparse.Namespace) -> int:
 @command("recover", "recover BOOKIE: decommission: re-replicate everything BOOKIE holds elsewhere")
 def _recover(args: argparse.Namespace) -> int:
     import asyncio
-    import random
 
     from zbk.client.bookkeeper import ClientContext
-    from zbk.client.transport import ZmqTransport
     from zbk.config import ClientConfig
     from zbk.metadata.coordination import LeaseKeeper
     from zbk.recovery.decommission import decommission
@@ -222,7 +220,7 @@ def _recover(args: argparse.Namespace) -> int:
     lease = keeper.start()
 
     async def run() -> Any:
-        ctx = ClientContext(store, ZmqTransport(), ClientConfig().validate(), random.Random())
+        ctx = ClientContext.over_zmq(store, ClientConfig().validate())
         try:
             return await decommission(ctx, UnderReplicationRegistry(store, f"zbk-shell-recover-{bookie}"), lease,
                                       bookie, progress=lambda d, t, what: _progress(args, d, t, what))

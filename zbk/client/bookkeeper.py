@@ -61,6 +61,11 @@ class ClientContext:
         self._digests: dict[tuple[str, bytes], Digest] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
+    @classmethod
+    def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
+        """A context on a real ZmqTransport, with the config's CURVE keys when it has them."""
+        return cls(store, ZmqTransport(curve=CurveClient.from_config(config)), config, rng or random.Random())
+
     def digest_for(self, kind: str, password: bytes) -> Digest:
         key = (kind, password)
         d = self._digests.get(key)
@@ -118,8 +123,10 @@ class AsyncBookKeeper:
             store = self._store
             if store is None:
                 store = await asyncio.to_thread(open_store, self.metadata_uri or "")
-            transport = self._transport or ZmqTransport(curve=CurveClient.from_config(self.config))
-            self.ctx = ClientContext(store, transport, self.config, self._rng)
+            if self._transport is not None:
+                self.ctx = ClientContext(store, self._transport, self.config, self._rng)
+            else:
+                self.ctx = ClientContext.over_zmq(store, self.config, self._rng)
         return self
 
     async def close(self) -> None:

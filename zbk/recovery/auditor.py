@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -248,12 +247,9 @@ class Auditor:
 
     async def _fragment_check(self) -> None:
         from zbk.client.bookkeeper import ClientContext
-        from zbk.client.transport import ZmqTransport
         from zbk.recovery.checker import LedgerChecker
-        from zbk.wire.curve import CurveClient
 
-        cfg = self.client_config
-        ctx = ClientContext(self.store, ZmqTransport(curve=CurveClient.from_config(cfg)), cfg, random.Random())
+        ctx = ClientContext.over_zmq(self.store, self.client_config)
         try:
             await LedgerChecker(ctx, self.registry, stop=self._stop).check_all()
         finally:

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 import threading
 from typing import Any
@@ -125,13 +124,10 @@ class AutoRecovery:
 
     async def _replicate(self, lease: int) -> None:
         from zbk.client.bookkeeper import ClientContext
-        from zbk.client.transport import ZmqTransport
         from zbk.recovery.replicator import Replicator
-        from zbk.wire.curve import CurveClient
 
         client_cfg = self.cfg.client_config()
-        ctx = ClientContext(self.store, ZmqTransport(curve=CurveClient.from_config(client_cfg)), client_cfg,
-                            random.Random())
+        ctx = ClientContext.over_zmq(self.store, client_cfg)
         self._loop = asyncio.get_running_loop()
         self._replicator = Replicator(ctx, self.registry, lease, workers=self.cfg.replicator_workers,
                                       grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s,
