@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zbk.cli.children import spawn_tied
+
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,8 +47,9 @@ def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None
     the bench stops it), output appended to ``log_path``; registered for the exit cleanup."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        # Tied to the bench: SIGKILL if the bench dies before its exit cleanup could run.
+        proc = spawn_tied(argv, death_signal=signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     _children[proc.pid] = proc
     return proc
 
@@ -131,9 +134,9 @@ def git_rev() -> str:
 def run_json(argv: list[str], timeout_s: float) -> dict[str, Any]:
     """Run a worker process that prints one JSON object as its last stdout line; bounded in
     time (killed by PID on timeout)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    _children[proc.pid] = proc  # type: ignore[assignment]
+    proc = spawn_tied(argv, death_signal=signal.SIGKILL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      stdin=subprocess.DEVNULL, start_new_session=True)
+    _children[proc.pid] = proc
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from zbk.cli.children import spawn_tied
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
@@ -24,11 +26,15 @@ def free_port() -> int:
 def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None = None,
                   cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout and stderr appended to ``log_path``, in its own session
-    (so that a Ctrl-C aimed at pytest does not hit it before teardown does)."""
+    (so that a Ctrl-C aimed at pytest does not hit it before teardown does).
+
+    The child is tied to the test process: if pytest itself dies (kill -9, a native abort)
+    and so never reaches the teardown that stops it by PID, the kernel sends it SIGKILL
+    (SIGKILL, not SIGTERM: a child a chaos test has paused with SIGSTOP must die too)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cwd, start_new_session=True)
+        return spawn_tied(argv, death_signal=signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen[bytes], *, timeout_s: float = 5.0, kill: bool = False) -> None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -54,10 +53,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol
 
+from zbk.cli.children import spawn_tied
 from zbk.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, ConfigError, ZbkError
 
 if TYPE_CHECKING:
@@ -329,46 +328,15 @@ def autorecovery_argv(layout: Layout, verbose: bool) -> list[str]:
             "--metadata", layout.metadata, "--http-port", str(layout.autorecovery.http_port)]
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """Linux: the child gets SIGTERM (a clean stop) if the sandbox itself is killed (kill -9)
-    before it could stop it, instead of living on as an orphan that holds the ports.
-
-    The death signal follows the thread that forked: children are only ever started from
-    the main thread, which lives until the sandbox ends."""
-    prctl = _PRCTL
-    if prctl is None:
-        return None
-    parent, sigterm = os.getpid(), int(signal.SIGTERM)
-
-    def hook() -> None:  # runs in the child between fork and exec: keep it tiny
-        prctl(_PR_SET_PDEATHSIG, sigterm)
-        if os.getppid() != parent:  # the sandbox died before prctl took effect
-            os.kill(os.getpid(), sigterm)
-
-    return hook
-
-
 def spawn(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
     """Start a child in its own session (process group), so that a Ctrl-C in the terminal
     reaches only the sandbox, which then stops the children itself."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
-                                preexec_fn=_die_with_parent_hook())
+        # Tied to the sandbox: SIGTERM (a clean stop) if the sandbox is killed before it could
+        # stop its children, instead of orphans that hold the ports.
+        return spawn_tied(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
 
 
 def describe_exit(code: int) -> str:
