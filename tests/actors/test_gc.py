@@ -621,14 +621,20 @@ def boot(root: Path) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
 
 
 class PipeOutbox:
-    """One FIFO per (sender, receiver), like the inproc PUSH/PULL pipes; messages are pickled
-    as on the real pipes, so nothing is shared between cores."""
+    """One FIFO per (sender, receiver), like the inproc PUSH/PULL pipes, which hand the
+    message object itself to the receiver (zbk/actors/base.py). Each message travels with a
+    pickled snapshot taken at send: Sim checks it at delivery and again at the end, so a core
+    that changes a message (or a list inside one) after sending or receiving it fails."""
 
-    def __init__(self, pipes: dict[tuple[str, str], collections.deque[Any]], sender: str) -> None:
+    def __init__(self, pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]], sender: str) -> None:
         self.pipes, self.sender = pipes, sender
 
     def send(self, dest: str, msg: Any) -> None:
-        self.pipes[(self.sender, dest)].append(pickle.loads(pickle.dumps(msg, protocol=5)))
+        self.pipes[(self.sender, dest)].append((msg, pickle.dumps(msg, protocol=5)))
+
+
+def _unchanged(msg: Any, snapshot: bytes) -> None:
+    assert pickle.dumps(msg, protocol=5) == snapshot, f"message changed after it was sent: {msg!r}"
 
 
 class Sim:
@@ -651,7 +657,9 @@ class Sim:
                           persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
         self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": index,
                                       "entrylogger": EntryLoggerCore(self.logs), "gc": self.gc}
-        self.pipes: dict[tuple[str, str], collections.deque[Any]] = collections.defaultdict(collections.deque)
+        self.pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]] = collections.defaultdict(
+            collections.deque)
+        self.delivered: list[tuple[Any, bytes]] = []  # checked again in verify()
         for name, core in self.cores.items():
             core.outbox = PipeOutbox(self.pipes, name)
         self.next_tick = {n: T0 + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
@@ -677,7 +685,9 @@ class Sim:
         ready = [key for key, q in self.pipes.items() if q]
         if ready:
             key = self.rng.choice(ready)
-            msg = self.pipes[key].popleft()
+            msg, snapshot = self.pipes[key].popleft()
+            _unchanged(msg, snapshot)
+            self.delivered.append((msg, snapshot))
             self.gc_delivered += isinstance(msg, GC_MESSAGES)
             self.cores[key[1]].on_message(msg, self.now)
         if self.jcore.pending and self.rng.random() < 0.3:  # the journal loop commits after a drain
@@ -697,7 +707,10 @@ class Sim:
         raise AssertionError("the cores did not settle")
 
     def verify(self) -> int:
-        """Every acknowledged entry of a live ledger reads back byte for byte (from storage)."""
+        """Every acknowledged entry of a live ledger reads back byte for byte (from storage),
+        and no message was changed by its sender or receiver after it was sent."""
+        for msg, snapshot in self.delivered:
+            _unchanged(msg, snapshot)
         n = 0
         for lid, eid in sorted(self.acked):
             if lid in self.metadata:

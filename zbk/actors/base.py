@@ -5,10 +5,26 @@ A core never imports zmq and never reads the time. It receives messages and tick
 ``now`` from an injected clock) and sends messages through an :class:`Outbox`. Tests drive
 cores directly with a :class:`ListOutbox`; the bookie drives them with :class:`ActorLoop`.
 
-Between actors, messages travel over inproc PUSH/PULL sockets as pickled objects (protocol 5:
-bytes payloads are copied once, in C). Each actor has ONE PULL socket per sending peer, so
-that the order of messages from one peer is the order they were sent (ZeroMQ keeps FIFO per
-pipe, but fair-queues across pipes). Ordering arguments in zbk/actors/bookie.py rely on it.
+Between actors, messages travel over inproc PUSH/PULL sockets, one pipe per (sender,
+receiver). Each actor has ONE PULL socket per sending peer, so that the order of messages
+from one peer is the order they were sent (ZeroMQ keeps FIFO per pipe, but fair-queues
+across pipes). Ordering arguments in zbk/actors/messages.py rely on it.
+
+Hand-over, not copies. All actors of a bookie live in one process, so a message is not
+serialized: the sender parks the object in the bookie's :class:`Handoff` table under a
+fresh key and sends the 8-byte key over the pipe; the receiver pops the object when the
+frame arrives. The pipe still carries one frame per message (so ordering and wake-ups are
+exactly those of the pipes), but no pickling happens and no payload bytes are copied.
+
+THE RULE: a message, and everything reachable from it (its lists, dicts, tuples), belongs
+to the receiver once it is sent. The sender must not mutate or reuse it afterwards, and
+the receiver must not mutate what it received if the sender may still read it (e.g. the
+Server keeps the ``entry_ids`` list of the AppendBatch it sent in its PendingAdd, and the
+EntryLogger forwards that same list in Appended and JournalAppend: nobody mutates it). Send
+freshly built objects; never ``msg.items.append(...)`` after ``send``, never reuse a buffer
+list across sends. bytes, ints, strings and tuples of them are immutable and always safe.
+tests/actors/test_gc.py delivers messages the same way and checks that nothing sent was
+changed before or after delivery.
 
 A core that raises stops the whole bookie: crash, don't limp. The loop reports the failure
 to the supervisor, which exits the process with the actor's distinct exit code.
@@ -16,8 +32,8 @@ to the supervisor, which exits the process with the actor's distinct exit code.
 
 from __future__ import annotations
 
+import itertools
 import logging
-import pickle
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -67,11 +83,67 @@ def pipe_address(instance: str, sender: str, receiver: str) -> str:
     return f"inproc://zbk-{instance}-{sender}-to-{receiver}"
 
 
+_keys = itertools.count(1)  # process-wide, so a key is never reused while its object waits
+
+
+class Handoff:
+    """Message objects in transit between the actors of one bookie (see the module docstring).
+
+    ``park`` stores an object and returns the frame to send (its key, 8 bytes little-endian);
+    ``take`` pops the object a received frame names. Both are single dict operations, atomic
+    under the GIL, so any thread may park and the receiving loop takes. The table is per
+    bookie instance (:func:`handoff_for`); objects still parked when a bookie stops (sent but
+    never received) go with it (:func:`drop_handoff`).
+    """
+
+    __slots__ = ("objects",)
+
+    def __init__(self) -> None:
+        self.objects: dict[int, Any] = {}
+
+    def park(self, msg: Any) -> bytes:
+        key = next(_keys)
+        self.objects[key] = msg
+        return key.to_bytes(8, "little")
+
+    def take(self, frame: bytes) -> Any:
+        return self.objects.pop(int.from_bytes(frame, "little"))
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+
+_handoffs: dict[str, Handoff] = {}
+_handoffs_lock = threading.Lock()
+
+
+def handoff_for(instance: str) -> Handoff:
+    """The hand-over table of one bookie instance (created on first use)."""
+    with _handoffs_lock:
+        h = _handoffs.get(instance)
+        if h is None:
+            h = _handoffs[instance] = Handoff()
+        return h
+
+
+def drop_handoff(instance: str) -> None:
+    """Forget an instance's table once its actors have stopped."""
+    with _handoffs_lock:
+        _handoffs.pop(instance, None)
+
+
+def send_message(sock: zmq.Socket[Any], handoff: Handoff, msg: Any) -> None:
+    """Hand ``msg`` over a PUSH socket connected to an actor's inbound pipe (for senders that
+    are not actors, e.g. the admin HTTP handlers; the rule of the module docstring applies)."""
+    sock.send(handoff.park(msg), copy=True)
+
+
 class SocketOutbox:
     """PUSH sockets, one per destination, each bound by the receiver's loop."""
 
     def __init__(self, ctx: zmq.Context[Any], instance: str, sender: str, peers: list[str]) -> None:
         self._socks: dict[str, zmq.Socket[Any]] = {}
+        self._objects = handoff_for(instance).objects
         for peer in peers:
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)  # inproc between our own actors: bounded upstream instead
@@ -80,8 +152,11 @@ class SocketOutbox:
             self._socks[peer] = s
 
     def send(self, dest: str, msg: Any) -> None:
-        # copy=True: a memcpy is cheaper than pyzmq's zero-copy bookkeeping (a GC thread per frame).
-        self._socks[dest].send(pickle.dumps(msg, protocol=5), copy=True)
+        # Handoff.park, inlined (this is the hottest call of the bookie). From here on the
+        # message belongs to the receiver: see "THE RULE" in the module docstring.
+        key = next(_keys)
+        self._objects[key] = msg
+        self._socks[dest].send(key.to_bytes(8, "little"), copy=True)
 
     def close(self) -> None:
         for s in self._socks.values():
@@ -108,6 +183,7 @@ class ActorLoop(threading.Thread):
             s.bind(pipe_address(instance, sender, core.name))
             self.inbound.append(s)
         self.peers = peers
+        self.handoff = handoff_for(instance)
         self.outbox: SocketOutbox | None = None
         self.extra: list[zmq.Socket[Any]] = []
         self.ready = threading.Event()
@@ -172,13 +248,15 @@ class ActorLoop(threading.Thread):
         return 100.0
 
     def _drain(self, sock: zmq.Socket[Any], now: float, budget: int = 1024) -> None:
+        recv, take = sock.recv, self.handoff.objects.pop
+        on_message, after_message = self.core.on_message, self.after_message
         for _ in range(budget):
             try:
-                raw = sock.recv(zmq.NOBLOCK, copy=False)
+                key = recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            self.core.on_message(pickle.loads(raw.buffer), now)
-            self.after_message()
+            on_message(take(int.from_bytes(key, "little")), now)
+            after_message()
 
     def after_message(self) -> None:
         """Called after each message (the journal commits early here when its group is full)."""

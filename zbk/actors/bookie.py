@@ -32,7 +32,7 @@ from typing import Any
 
 import zmq
 
-from zbk.actors.base import ActorLoop, pipe_address
+from zbk.actors.base import ActorLoop, drop_handoff, handoff_for, pipe_address, send_message
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings, GcStateFile
 from zbk.actors.indexsyncer import IndexCore
@@ -273,7 +273,7 @@ class Bookie:
             self.boot()
         cfg = self.cfg
         self.ctx = zmq.Context()
-        instance = uuid.uuid4().hex[:8]
+        instance = self.instance = uuid.uuid4().hex[:8]
         self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal_write_data,
                                  max_frame_bytes=cfg.max_frame_bytes, reply=lambda i, f: None,
                                  read_only_mode_enabled=cfg.read_only_mode_enabled,
@@ -421,7 +421,7 @@ class Bookie:
         if want not in ("readonly", "writable"):
             raise HttpError(400, 'body must be {"state": "readonly" | "writable"}')
         with self.admin_lock:
-            self.admin.send_pyobj(("admin", "read_only", want == "readonly"))
+            send_message(self.admin, handoff_for(self.instance), ("admin", "read_only", want == "readonly"))
         return {"state": want}
 
     def _make_gc(self) -> GcCore:
@@ -450,7 +450,7 @@ class Bookie:
         if not all(isinstance(v, bool) for v in flags.values()):
             raise HttpError(400, 'body must be {"major": bool, "minor": bool}')
         with self.admin_lock:
-            self.admin_gc.send_pyobj(GcTrigger(**flags))
+            send_message(self.admin_gc, handoff_for(self.instance), GcTrigger(**flags))
         return {"triggered": True, **flags}
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
@@ -477,6 +477,8 @@ class Bookie:
             loop.join(10)
         if self.http is not None:
             self.http.stop()
+        if self.ctx is not None:
+            drop_handoff(self.instance)  # messages still parked there were never received
         if self.crashed:
             log.error("bookie stopped because actor %s crashed: dirty marker left set", self.crashed)
             return
