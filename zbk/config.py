@@ -89,6 +89,11 @@ class BookieConfig:
     max_frame_bytes: int = limits.frame_bytes_max_default
     curve_secret_key_file: str = ""
     curve_authorized_keys_dir: str = ""
+    # How this bookie's own client connections (autorecovery_enabled) reach other CURVE
+    # bookies: their public key(s). Unset: this bookie's own public key (bookies sharing one
+    # key pair). The bookie's own public key must be in the other bookies' authorized dirs.
+    curve_server_public_key_file: str = ""
+    curve_server_keys_dir: str = ""
     admin_token: str = ""
 
     def resolved(self) -> BookieConfig:
@@ -142,7 +147,24 @@ class BookieConfig:
             raise ConfigError(f"max_frame_bytes must be in [1024, {limits.frame_bytes_max_ceiling}]")
         if bool(cfg.curve_secret_key_file) != bool(cfg.curve_authorized_keys_dir):
             raise ConfigError("curve_secret_key_file and curve_authorized_keys_dir go together")
+        if (cfg.curve_server_public_key_file or cfg.curve_server_keys_dir) and not cfg.curve_secret_key_file:
+            raise ConfigError("curve_server_public_key_file / curve_server_keys_dir need curve_secret_key_file")
         return cfg
+
+    def autorecovery_config(self, http_port: int) -> AutoRecoveryConfig:
+        """``autorecovery_enabled``: the settings of the auditor candidate and replicators
+        this bookie runs, its HTTP routes on ``http_port``. With CURVE they connect to the
+        other bookies with this bookie's key pair."""
+        server_key = self.curve_server_public_key_file
+        if self.curve_secret_key_file and not server_key and not self.curve_server_keys_dir:
+            server_key = self.curve_secret_key_file  # bookies share one key pair (its public half)
+        return AutoRecoveryConfig(
+            metadata_uri=self.metadata_uri, http_port=http_port, http_bind_address=self.http_bind_address,
+            lease_ttl_s=self.registration_ttl_s, lost_bookie_recovery_delay_s=self.lost_bookie_recovery_delay_s,
+            open_ledger_rereplication_grace_period_s=self.open_ledger_rereplication_grace_period_s,
+            auditor_periodic_check_interval_s=self.auditor_periodic_check_interval_s, admin_token=self.admin_token,
+            curve_secret_key_file=self.curve_secret_key_file, curve_server_public_key_file=server_key,
+            curve_server_keys_dir=self.curve_server_keys_dir).validate()
 
 
 @dataclass(frozen=True, kw_only=True)

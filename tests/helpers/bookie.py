@@ -14,12 +14,14 @@ from helpers.procs import free_port, start_process, stop_process, tail
 from zbk.client.raw import BookieConnection
 from zbk.errors import ZbkError
 from zbk.wire import messages as w
+from zbk.wire.curve import CurveClient
 
 
 class BookieProcess:
     def __init__(self, root: Path, metadata_uri: str, *, port: int | None = None, name: str = "bookie",
-                 settings: dict[str, object] | None = None) -> None:
+                 settings: dict[str, object] | None = None, curve: CurveClient | None = None) -> None:
         self.root = root
+        self.curve = curve  # the CURVE keys readiness checks use, for a bookie that requires them
         self.data_dir = root / name
         self.log = root / f"{name}.log"
         self.metadata_uri = metadata_uri
@@ -57,7 +59,7 @@ class BookieProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"bookie exited with {self.proc.returncode}:\n{tail(self.log)}")
             try:
-                with BookieConnection(self.bookie_id, timeout_s=0.5) as c:
+                with BookieConnection(self.bookie_id, timeout_s=0.5, curve=self.curve) as c:
                     resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
                     if resp.status == 0:
                         return
@@ -83,7 +85,7 @@ class BookieProcess:
         return self.proc.wait(timeout_s)
 
     def connect(self, timeout_s: float = 10.0) -> BookieConnection:
-        return BookieConnection(self.bookie_id, timeout_s=timeout_s)
+        return BookieConnection(self.bookie_id, timeout_s=timeout_s, curve=self.curve)
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.log, lines)

@@ -8,7 +8,10 @@ CURVE keys in its ClientConfig) and raw DEALER sockets; and once, a `zbk bookie`
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +225,87 @@ def test_a_bookie_process_with_curve_keys_serves_only_authorized_clients(tmp_pat
         if b.proc is not None and b.proc.poll() is None:
             b.proc.kill()
             b.proc.wait(10)
+
+
+def _shell(uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "zbk.cli.main", "shell", "--metadata", uri, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_shell_commands_reach_a_curve_bookie_with_the_keys_given_by_set(curve_bookie: Bookie, keys: Keys) -> None:
+    uri, bid = curve_bookie.cfg.metadata_uri, curve_bookie.cfg.bookie_id
+    with_keys = ["--set", f"curve_secret_key_file={keys.client_secret}",
+                 "--set", f"curve_server_public_key_file={keys.server_public}"]
+    without = _shell(uri, "--timeout", "1", "bookieinfo", bid)
+    assert without.returncode == 3 and "did not answer" in without.stderr, without
+    info = _shell(uri, "--json", *with_keys, "bookieinfo", bid)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["state"] == "writable"
+    test = _shell(uri, "--json", *with_keys, "--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1",
+                  "--entries", "50", "simpletest")
+    assert test.returncode == 0 and json.loads(test.stdout)["ok"], test.stdout + test.stderr
+    # A ledger written by the real client, then read back entry by entry through the shell.
+    config = ClientConfig(curve_secret_key_file=keys.client_secret,
+                          curve_server_public_key_file=keys.server_public).validate()
+    with zbk.BookKeeper(uri, config=config) as bk:
+        lh = bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"pw")
+        for i in range(3):
+            lh.append(b"shell %d" % i)
+        lh.close()
+    read = _shell(uri, "--json", *with_keys, "--password", "pw", "readledger", str(lh.ledger_id))
+    assert read.returncode == 0, read.stderr
+    assert [r["entry_id"] for r in json.loads(read.stdout)] == [0, 1, 2]
+    held = _shell(uri, "--json", *with_keys, "--bookie", bid, "ledgerentries", str(lh.ledger_id))
+    assert held.returncode == 0 and json.loads(held.stdout)["ranges"] == [[0, 2]], held.stdout + held.stderr
+    bad = _shell(uri, "--set", "curve_secret_key_file=/nonexistent.key_secret",
+                 "--set", f"curve_server_public_key_file={keys.server_public}", "bookieinfo", bid)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "nonexistent" in bad.stderr, bad
+
+
+def test_autorecovery_inside_curve_bookies_replaces_a_killed_bookie(tmp_path: Path, keys: Keys) -> None:
+    """autorecovery_enabled on CURVE bookies: the in-process auditor and replicators reach
+    the other bookies with the bookie's own key pair (bookies share one here, and its public
+    half is authorized), so a killed bookie is replaced."""
+    from helpers.bookie import BookieProcess
+    from helpers.wait import wait_until
+
+    from zbk.metadata.registry import LedgerStore
+    from zbk.metadata.uri import open_store
+
+    shutil.copy(keys.server_public, keys.authorized)  # the bookies' own connections to each other
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    settings: dict[str, object] = {"curve_secret_key_file": keys.server_secret,
+                                   "curve_authorized_keys_dir": str(keys.authorized),
+                                   "autorecovery_enabled": True, "lost_bookie_recovery_delay_s": 0}
+    bookies = [BookieProcess(tmp_path, uri, name=f"b{i}", settings=settings, curve=keys.client()) for i in range(4)]
+    store = open_store(uri)
+    config = ClientConfig(curve_secret_key_file=keys.client_secret, curve_server_public_key_file=keys.server_public,
+                          add_timeout_ms=2000, read_timeout_ms=1500).validate()
+    try:
+        for b in bookies:
+            b.start()
+        with zbk.BookKeeper(uri, config=config) as bk:
+            lids = []
+            for n in range(3):
+                lh = bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw")
+                for i in range(100):
+                    lh.append(b"ledger %d entry %d" % (n, i))
+                lh.close()
+                lids.append(lh.ledger_id)
+            ledgers = LedgerStore(store)
+            victim = next(b for b in bookies if any(b.bookie_id in ledgers.read(lid)[0].all_bookies() for lid in lids))
+            victim.kill9()
+            wait_until(lambda: all(victim.bookie_id not in ledgers.read(lid)[0].all_bookies() for lid in lids),
+                       timeout_s=90, interval_s=0.3, message="the CURVE bookies' replicators to replace the dead one")
+            for n, lid in enumerate(lids):
+                rh = bk.open_ledger(lid, password=b"pw")
+                assert [e.payload for e in rh.read(0, 99)] == [b"ledger %d entry %d" % (n, i) for i in range(100)]
+            for b in bookies:
+                if b is not victim:
+                    assert b.stop() == 0, b.log_tail()
+    finally:
+        store.close()
+        for b in bookies:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.kill()
+                b.proc.wait(10)

@@ -327,17 +327,10 @@ class Bookie:
         """``autorecovery_enabled``: run an auditor candidate and replicator workers in this
         process, exactly as `zbk autorecovery` would, with their routes on this bookie's
         HTTP server. A lost autorecovery lease stops the bookie (crash, don't limp)."""
-        from zbk.config import AutoRecoveryConfig
         from zbk.recovery.process import AutoRecovery
 
-        cfg = self.cfg
         assert self.http is not None
-        arcfg = AutoRecoveryConfig(metadata_uri=cfg.metadata_uri, http_port=self.http.port,
-                                   http_bind_address=cfg.http_bind_address, lease_ttl_s=cfg.registration_ttl_s,
-                                   lost_bookie_recovery_delay_s=cfg.lost_bookie_recovery_delay_s,
-                                   open_ledger_rereplication_grace_period_s=cfg.open_ledger_rereplication_grace_period_s,
-                                   auditor_periodic_check_interval_s=cfg.auditor_periodic_check_interval_s,
-                                   admin_token=cfg.admin_token).validate()
+        arcfg = self.cfg.autorecovery_config(self.http.port)
         self.autorecovery = AutoRecovery(arcfg, stop_event=self.stop_event, http=self.http)
         self.autorecovery.start()
 

@@ -38,6 +38,21 @@ def _store(args: argparse.Namespace) -> Any:
     return open_store(_uri(args))
 
 
+def _client_config(args: argparse.Namespace) -> Any:
+    """The ClientConfig of ``--set key=value`` (e.g. the CURVE keys for bookies that need them)."""
+    from zbk.config import ClientConfig, load
+
+    return load(ClientConfig, overrides=args.set).validate()
+
+
+def _connect(args: argparse.Namespace, bookie: str) -> Any:
+    """A raw connection to one bookie, with this shell's CURVE keys if any."""
+    from zbk.client.raw import BookieConnection
+    from zbk.wire.curve import CurveClient
+
+    return BookieConnection(bookie, timeout_s=args.timeout, curve=CurveClient.from_config(_client_config(args)))
+
+
 def _out(args: argparse.Namespace, data: Any, table: Callable[[Any], str] | None = None) -> None:
     if args.json or table is None:
         print(json.dumps(data, indent=None if args.json else 2, default=_jsonable))
@@ -209,18 +224,18 @@ def _recover(args: argparse.Namespace) -> int:
     import asyncio
 
     from zbk.client.bookkeeper import ClientContext
-    from zbk.config import ClientConfig
     from zbk.metadata.coordination import LeaseKeeper
     from zbk.recovery.decommission import decommission
     from zbk.recovery.underreplication import UnderReplicationRegistry
 
     bookie = _one(args, "recover BOOKIE")
+    config = _client_config(args)
     store = _store(args)
     keeper = LeaseKeeper(store, 10)
     lease = keeper.start()
 
     async def run() -> Any:
-        ctx = ClientContext.over_zmq(store, ClientConfig().validate())
+        ctx = ClientContext.over_zmq(store, config)
         try:
             return await decommission(ctx, UnderReplicationRegistry(store, f"zbk-shell-recover-{bookie}"), lease,
                                       bookie, progress=lambda d, t, what: _progress(args, d, t, what))
@@ -258,7 +273,7 @@ def _readledger(args: argparse.Namespace) -> int:
     import zbk
 
     lid = _lid(args)
-    with zbk.BookKeeper(_uri(args)) as bk:
+    with zbk.BookKeeper(_uri(args), config=_client_config(args)) as bk:
         rh = bk.open_ledger(lid, password=args.password.encode(), recovery=False)
         last = rh.last_add_confirmed if args.last is None else args.last
         first = args.first or 0
@@ -280,7 +295,7 @@ def _simpletest(args: argparse.Namespace) -> int:
     import zbk
 
     n = args.entries
-    with zbk.BookKeeper(_uri(args)) as bk:
+    with zbk.BookKeeper(_uri(args), config=_client_config(args)) as bk:
         lh = bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=b"simpletest")
         payloads = [os.urandom(1024) for _ in range(min(n, 64))]
         t0 = time.perf_counter()
@@ -312,11 +327,10 @@ def _simpletest(args: argparse.Namespace) -> int:
 # -- commands against one bookie -----------------------------------------------------------
 @command("bookieinfo", "bookieinfo B: a bookie's state, space and ledger counts")
 def _bookieinfo(args: argparse.Namespace) -> None:
-    from zbk.client.raw import BookieConnection
     from zbk.wire import messages as w
 
     bookie = _one(args, "bookieinfo BOOKIE")
-    with BookieConnection(bookie, timeout_s=args.timeout) as c:
+    with _connect(args, bookie) as c:
         r = c.call(w.BookieInfoRequest(rid=c.next_rid()))
     _out(args, {"bookie_id": bookie, "state": r.state, "free_bytes": r.free_bytes, "total_bytes": r.total_bytes,
                 "ledgers": r.ledgers, "limbo_ledgers": r.limbo_ledgers})
@@ -324,14 +338,13 @@ def _bookieinfo(args: argparse.Namespace) -> None:
 
 @command("readentry", "readentry --bookie B LID EID: one bookie's answer for one entry")
 def _readentry(args: argparse.Namespace) -> int:
-    from zbk.client.raw import BookieConnection
     from zbk.wire import messages as w
     from zbk.wire.entry import peek_entry_header
 
     if not args.bookie or len(args.rest) != 2:
         raise BadRequestError("usage: readentry --bookie B LID EID")
     lid, eid = (_int(x) for x in args.rest)
-    with BookieConnection(args.bookie, timeout_s=args.timeout) as c:
+    with _connect(args, args.bookie) as c:
         r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=eid))
     data: dict[str, Any] = {"bookie": args.bookie, "ledger_id": lid, "entry_id": eid, "status": r.status.name,
                             "lac": r.lac}
@@ -346,13 +359,12 @@ def _readentry(args: argparse.Namespace) -> int:
 
 @command("ledgerentries", "ledgerentries --bookie B LID: entry ids one bookie holds")
 def _ledgerentries(args: argparse.Namespace) -> int:
-    from zbk.client.raw import BookieConnection
     from zbk.wire import messages as w
 
     if not args.bookie or len(args.rest) != 1:
         raise BadRequestError("usage: ledgerentries --bookie B LID")
     lid = _int(args.rest[0])
-    with BookieConnection(args.bookie, timeout_s=args.timeout) as c:
+    with _connect(args, args.bookie) as c:
         r = c.call(w.ListEntriesRequest(rid=c.next_rid(), ledger_id=lid))
     _out(args, {"bookie": args.bookie, "ledger_id": lid, "status": r.status.name,
                 "ranges": [list(x) for x in r.entry_ranges]},
@@ -465,6 +477,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--write-quorum", type=int, default=2, help="simpletest: write quorum")
     p.add_argument("--ack-quorum", type=int, default=2, help="simpletest: ack quorum")
     p.add_argument("--entries", type=int, default=1000, help="simpletest: entries to write")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="client setting (ClientConfig names), e.g. curve_secret_key_file=PATH "
+                        "curve_server_public_key_file=PATH for bookies that require CURVE")
     p.add_argument("shell_command", metavar="COMMAND")
     p.add_argument("rest", nargs="*", metavar="ARG")
     p.set_defaults(func=_run)

@@ -15,10 +15,13 @@ import zmq
 from zbk import limits
 from zbk.errors import BookieUnavailableError, ZbkTimeoutError
 from zbk.wire.codec import decode_response, encode
+from zbk.wire.curve import CurveClient
 
 
 class BookieConnection:
-    def __init__(self, bookie_id: str, *, timeout_s: float = 10.0, ctx: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, bookie_id: str, *, timeout_s: float = 10.0, ctx: zmq.Context[Any] | None = None,
+                 curve: CurveClient | None = None) -> None:
+        """``curve``: this client's CURVE keys, for a bookie that requires them."""
         self.bookie_id = bookie_id
         self.timeout_s = timeout_s
         self._own_ctx = ctx is None
@@ -27,6 +30,12 @@ class BookieConnection:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
+        if curve is not None:
+            try:
+                curve.apply(self.sock, bookie_id)  # ConfigError: no server key for this bookie
+            except BaseException:
+                self.close()
+                raise
         self.sock.connect(f"tcp://{bookie_id}")
         self._rids = itertools.count(1)
 
