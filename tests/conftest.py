@@ -16,6 +16,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# Tests fork children (bookies, etcd members) while gRPC threads serve etcd clients: gRPC's
+# fork handlers must stay off (the reason is in zbk/metadata/etcd.py, which sets the same).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import hypothesis  # noqa: F401 - see below
 import pytest
 from helpers.etcd import ETCD_BIN, EtcdCluster

@@ -58,3 +58,39 @@ def test_children_outlive_their_forking_thread_but_not_their_parent() -> None:
         stop_process(parent, kill=True)
         for pid in pids:
             stop_pid(pid)
+
+
+def test_forks_do_not_run_grpc_fork_handlers_while_etcd_clients_are_busy() -> None:
+    """zbk.metadata.etcd turns gRPC's fork handlers off: with them on, every fork() (a bookie
+    restarted by a test, a sandbox child) pauses and resets gRPC's threads and descriptors
+    under the threads that are using them (gRPC logs "skipping fork() handlers" when it
+    notices in time)."""
+    script = textwrap.dedent("""
+        import os, threading
+        os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
+        import zbk.metadata.etcd  # noqa: F401 - sets the default before gRPC loads
+        import grpc
+        from zbk.cli.children import spawn_tied
+
+        channel = grpc.insecure_channel("127.0.0.1:1")
+        done = threading.Event()
+
+        def busy() -> None:
+            while not done.is_set():
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=0.01)
+                except Exception:
+                    pass
+
+        t = threading.Thread(target=busy)
+        t.start()
+        for _ in range(40):
+            spawn_tied(["true"]).wait()
+        done.set()
+        t.join()
+        print("forked 40", flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "forked 40" in out.stdout, out.stderr
+    assert "fork() handlers" not in out.stderr, out.stderr[-2000:]

@@ -44,6 +44,11 @@ import os
 # python-etcd3's generated code predates protobuf 4: it loads only with the pure-python
 # protobuf runtime, which must be chosen before google.protobuf is first imported.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+# zbk forks only to exec (bookies, etcd members, test children). gRPC's fork handlers, on by
+# default, pause and reset its threads and file descriptors around every fork() in the
+# process and are unsafe while other threads are inside gRPC; they are meant for children
+# that go on using gRPC without exec. Off unless the application asks for them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import logging  # noqa: E402
 import random  # noqa: E402
