@@ -91,6 +91,27 @@ def test_sync_is_one_write_and_one_fsync(tmp_path):
     w.close()
 
 
+def test_append_adds_writes_the_bytes_of_one_append_per_entry(tmp_path):
+    rng = random.Random(11)
+    ids = [0, 1, 5, 2**62, 7]
+    blobs = [rng.randbytes(n) for n in (0, 1, 300, 1024, 17)]
+    one, many = JournalWriter(str(tmp_path / "one"), 1 << 20), JournalWriter(str(tmp_path / "many"), 1 << 20)
+    one.append(RecordType.FENCE, 3)
+    many.append(RecordType.FENCE, 3)
+    for eid, blob in zip(ids, blobs):
+        pending = one.append(RecordType.ADD, 42, eid, blob)
+    assert many.append_adds(42, ids, blobs) == pending == many.pending_bytes
+    assert bytes(many._buf) == bytes(one._buf)
+    assert many.append_adds(42, [], []) == pending
+    with pytest.raises(ValueError):
+        many.append_adds(42, [1, 2], [b"x"])
+    many.sync()
+    many.close()
+    one.close()
+    assert [tuple(r) for r, _ in _replayed(str(tmp_path / "many"))] == (
+        [(RecordType.FENCE, 3, -1, b"")] + [(RecordType.ADD, 42, e, b) for e, b in zip(ids, blobs)])
+
+
 def test_sync_without_fsync_writes_but_does_not_fsync(tmp_path):
     disk = FaultyDisk()
     w = JournalWriter(str(tmp_path), 1 << 20, disk)

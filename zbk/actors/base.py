@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -232,7 +233,8 @@ class ActorLoop(threading.Thread):
             if next_tick is not None:
                 timeout_ms = max(0.0, min(timeout_ms, (next_tick - now) * 1000))
             timeout_ms = min(timeout_ms, self.poll_timeout_ms())
-            events = dict(poller.poll(int(timeout_ms)))
+            # Rounded up: int() made the last millisecond before each tick a busy loop of poll(0).
+            events = dict(poller.poll(math.ceil(timeout_ms)))
             now = self.clock.monotonic()
             for sock in events:
                 if sock in extra:

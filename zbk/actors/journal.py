@@ -48,10 +48,7 @@ class JournalCore:
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, JournalAppend):
-            lid = msg.ledger_id
-            append = self.writer.append
-            for eid, blob in zip(msg.entry_ids, msg.blobs, strict=True):
-                append(RecordType.ADD, lid, eid, blob)
+            self.writer.append_adds(msg.ledger_id, msg.entry_ids, msg.blobs)
             self.pending_entries += len(msg.blobs)
             self._pend(msg.batch_id, now)
         elif isinstance(msg, JournalMeta):

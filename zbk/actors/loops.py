@@ -46,6 +46,7 @@ class _PeerGone(Exception):
     """The ROUTER no longer knows the peer (it disconnected)."""
 
 
+_NOBLOCK = int(zmq.NOBLOCK)
 REPLIES_DROPPED = Counter("zbk_bookie_replies_dropped_total",
                           "Replies and requests dropped at the socket, by reason", ["reason"])
 _PROBE_BYTES_MIN = 64 * 1024  # statvfs costs microseconds
@@ -150,11 +151,20 @@ class ServerLoop(ActorLoop):
         self.backlog_total -= size
 
     def on_extra(self, sock: zmq.Socket[Any], now: float) -> None:
+        recv = sock.recv
         for _ in range(1024):
+            # recv_multipart, unrolled: Frame.more and Frame.bytes cost about half of what
+            # recv(copy=True) + getsockopt(RCVMORE) per frame do, and an add carries one
+            # frame per entry. The parts of a message arrive together (ZeroMQ delivers a
+            # multipart message atomically), so only the first recv can find nothing.
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frame = recv(_NOBLOCK, False)
             except zmq.Again:
                 return
+            frames = [frame.bytes]
+            while frame.more:
+                frame = recv(_NOBLOCK, False)
+                frames.append(frame.bytes)
             if len(frames) < 2:
                 continue
             ident = frames[0]

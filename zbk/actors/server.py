@@ -271,7 +271,8 @@ class ServerCore:
         if not self._check_key(state, req.master_key):
             self._error(ident, req, Status.EUA)
             return
-        recovery = bool(req.flags & w.AddFlag.RECOVERY_ADD)
+        flags = int(req.flags)  # int ops: IntFlag's & is Python code
+        recovery = bool(flags & _RECOVERY_ADD)
         if state is not None and state.fenced and not recovery:
             self._error(ident, req, Status.EFENCED)
             return
@@ -295,7 +296,7 @@ class ServerCore:
         assert self.outbox is not None
         # DEFERRED_SYNC: acknowledged once appended; durable after the next group commit,
         # and certainly after a FORCE_LEDGER (which queues behind this add's records).
-        need_sync = self.journal_write_data and not (req.flags & w.AddFlag.DEFERRED_SYNC)
+        need_sync = self.journal_write_data and not (flags & _DEFERRED_SYNC)
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
@@ -337,8 +338,9 @@ class ServerCore:
             if p.max_lac > state.lac:
                 self._advance_lac(p.ledger_id, state, p.max_lac, now)
             m.ENTRIES_ADDED_TOTAL.inc(len(p.entry_ids))
-        m.ADD_ENTRY_SECONDS.labels(status.name).observe(max(0.0, now - p.started))
-        m.REQUESTS_TOTAL.labels("add", status.name).inc()
+        seconds, requests = m.add_outcome(status)
+        seconds.observe(max(0.0, now - p.started))
+        requests.inc()
         self.reply(p.ident, encode(w.AddResponse(rid=p.rid, status=status, ledger_id=p.ledger_id,
                                                  first_entry_id=p.entry_ids[0], last_entry_id=p.entry_ids[-1])))
 
@@ -683,8 +685,12 @@ _OP_NAMES: dict[type, str] = {
 }
 
 
+_RECOVERY_ADD = int(w.AddFlag.RECOVERY_ADD)
+_DEFERRED_SYNC = int(w.AddFlag.DEFERRED_SYNC)
+
+
 def _blob_bytes(req: w.AddRequest) -> int:
-    return sum(len(b) for b in req.entries)
+    return sum(map(len, req.entries))
 
 
 def _entry_bounds(req: w.AddRequest) -> tuple[int, int]:

@@ -3,6 +3,9 @@ ledger ids or connections."""
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from zbk.limits import LATENCY_BUCKETS
@@ -34,3 +37,11 @@ GC_COMPACTIONS = Counter("zbk_gc_compactions_total", "Entry log compactions", ["
 
 for _kind in ("minor", "major"):  # exported at 0 from the start, so rate() works before a first compaction
     GC_COMPACTIONS.labels(_kind)
+
+
+@cache
+def add_outcome(status: Any) -> tuple[Any, Any]:
+    """(zbk_bookie_add_entry_seconds, zbk_bookie_requests_total{op="add"}) children for a
+    status (zbk.wire.status.Status): ``labels()`` takes a lock and checks its arguments on
+    every call, and the add path answers thousands of requests a second."""
+    return ADD_ENTRY_SECONDS.labels(status.name), REQUESTS_TOTAL.labels("add", status.name)

@@ -72,7 +72,7 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -113,6 +113,7 @@ class RecordType(IntEnum):
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in RecordType)
+_ADD = int(RecordType.ADD)
 
 
 class LogMark(NamedTuple):
@@ -200,6 +201,22 @@ class JournalWriter:
         # Two appends, not three: each bytearray append costs about as much as the crc.
         buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body))) + body
         buf += payload
+        return len(buf) - BATCH_RECORD_BYTES
+
+    def append_adds(self, ledger_id: int, entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
+        """:meth:`append` of one ADD record per (entry id, blob), for a batch of one ledger
+        (the add path: one call per batch instead of one per entry). Same bytes as
+        ``append(RecordType.ADD, ledger_id, eid, blob)`` for each pair, in order."""
+        if len(entry_ids) != len(blobs):
+            raise ValueError("journal: entry ids and blobs differ in length")
+        limit = limits.journal_record_bytes_max
+        buf = self._buf
+        for eid, payload in zip(entry_ids, blobs):
+            n = len(payload)
+            assert n <= limit, "journal record too large"
+            body = _pack_body(_ADD, ledger_id, eid)
+            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body))) + body
+            buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
     @property
