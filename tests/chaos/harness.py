@@ -179,8 +179,10 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
     try:
         cluster.start()
         log(f"chaos: cluster up in {time.monotonic() - t_start:.1f} s: {cluster.uri}")
+        # The workload's own notes (failed recoveries and tails, client restarts) go to
+        # clients.log beside the client library's lines (client_log routes "zbk.*" there).
         workload = Workload(cluster.uri, cfg.seed, writers=cfg.writers, readers=cfg.readers,
-                            rate_per_writer=cfg.rate_per_writer, log=lambda m: None)
+                            rate_per_writer=cfg.rate_per_writer, log=logging.getLogger("zbk.chaos.workload").info)
         workload.start()
         _inject(cluster, workload, plan, cfg.fault_s, report, log)
         t_faults_end = time.monotonic()

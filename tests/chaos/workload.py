@@ -144,7 +144,12 @@ class Workload:
         self._writers_done.wait(timeout_s / 2)
         self._stop_readers.set()
         if not self._done.wait(timeout_s / 2) and self._loop is not None:
-            self.client_errors.append(f"workload did not finish within {timeout_s}s: cancelled")
+            try:
+                pending = asyncio.run_coroutine_threadsafe(_pending_tasks(), self._loop).result(5)
+            except Exception as e:  # noqa: BLE001 - the loop itself is stuck: say so
+                pending = f"(could not list the pending tasks: {type(e).__name__}: {e})"
+            self.client_errors.append(f"workload did not finish within {timeout_s}s: cancelled; "
+                                      f"still waiting:\n{pending}")
             self._loop.call_soon_threadsafe(_cancel_everything)
         if self._thread is not None:
             self._thread.join(30)
@@ -364,6 +369,25 @@ class Workload:
 def _retrieve(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+async def _pending_tasks() -> str:
+    """Every task of the workload loop but this one, with the chain of awaits it is parked
+    in (innermost last): what a workload that does not finish is waiting for."""
+    me = asyncio.current_task()
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is me:
+            continue
+        chain: list[str] = []
+        obj: Any = task.get_coro()
+        while obj is not None and len(chain) < 12:
+            frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+            obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None)
+        lines.append(f"  {task.get_name()}: {' -> '.join(chain) or repr(task)}")
+    return "\n".join(sorted(lines)) or "  (none)"
 
 
 def _cancel_everything() -> None:
