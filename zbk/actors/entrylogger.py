@@ -108,24 +108,16 @@ class EntryLoggerCore:
 
     def _read(self, msg: ReadLocations) -> None:
         assert self.outbox is not None
-        blobs: list[bytes] = []
-        size = 0
+        batch = self.logs.read_entries(msg.ledger_id, msg.ids(), msg.locations, msg.bytes_max)
         error = ""
-        for loc in msg.locations:
-            try:
-                blob = self.logs.read(loc)
-            except (CorruptDataError, OSError) as e:
-                # Never serve bad bytes: stop at the corrupt entry and say so.
-                log.error("entrylogger: read of ledger %d failed: %s", msg.ledger_id, e)
-                error = str(e)
-                break
-            if blobs and size + len(blob) > msg.bytes_max:
-                break
-            blobs.append(blob)
-            size += len(blob)
-        if not error and msg.error and len(blobs) == len(msg.locations):
+        if batch.error is not None:
+            # Never serve bad bytes: stop at the corrupt entry and say so (the error names
+            # the file and the offset).
+            log.error("entrylogger: read of ledger %d failed: %s", msg.ledger_id, batch.error)
+            error = str(batch.error)
+        elif msg.error and len(batch.blobs) == len(msg.locations):
             error = msg.error  # every entry before the damaged index slot was sent: then EIO
-        self.outbox.send("server", ReadResult(msg.ctx, msg.ledger_id, blobs, msg.ledger_known, error))
+        self.outbox.send("server", ReadResult(msg.ctx, msg.ledger_id, batch.blobs, msg.ledger_known, error))
 
     def on_tick(self, now: float) -> None:
         self.logs.maintain(now)

@@ -92,8 +92,29 @@ class IndexCore:
 
     def _lookup(self, msg: Lookup) -> None:
         assert self.outbox is not None
+        lid, first = msg.ledger_id, msg.first_entry_id
+        entry_ids: list[int] | None = None
+        try:
+            found = self.cache.get_range(lid, first, msg.count)  # a page at a time
+        except CorruptDataError:
+            self._lookup_one_by_one(msg)  # finds the damaged slot and what precedes it
+            return
+        if msg.sparse:
+            entry_ids = [first + i for i, loc in enumerate(found) if loc is not None]
+            found = [loc for loc in found if loc is not None]
+        elif None in found:
+            found = found[:found.index(None)]
+        locations: list[int] = found  # type: ignore[assignment]  # no None left
+        known = bool(locations) or self.cache.exists(lid)
+        self.outbox.send("entrylogger", ReadLocations(msg.ctx, lid, first, locations, known, msg.bytes_max,
+                                                      entry_ids=entry_ids))
+
+    def _lookup_one_by_one(self, msg: Lookup) -> None:
+        """The lookup of a range with a damaged index slot: the entries before it, then EIO."""
+        assert self.outbox is not None
         get, lid = self.cache.get, msg.ledger_id
         locations: list[int] = []
+        entry_ids: list[int] = []
         error = ""
         for eid in range(msg.first_entry_id, msg.first_entry_id + msg.count):
             try:
@@ -109,9 +130,11 @@ class IndexCore:
                     continue
                 break
             locations.append(loc)
+            entry_ids.append(eid)
         known = bool(locations) or bool(error) or self.cache.exists(lid)
         self.outbox.send("entrylogger", ReadLocations(msg.ctx, lid, msg.first_entry_id, locations,
-                                                      known, msg.bytes_max, error))
+                                                      known, msg.bytes_max, error,
+                                                      entry_ids=entry_ids if msg.sparse else None))
 
     def _header(self, msg: HeaderUpdate) -> None:
         c, lid = self.cache, msg.ledger_id

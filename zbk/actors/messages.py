@@ -27,6 +27,7 @@ Who sends what to whom, and why the order is safe:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -118,13 +119,20 @@ class ReadLocations:
     ledger_known: bool
     bytes_max: int
     error: str = ""  # the index is damaged after ``locations``: answer EIO there
+    entry_ids: list[int] | None = None  # sparse reads: each location's entry; None: first_entry_id + i
+
+    def ids(self) -> Sequence[int]:
+        """The entry id of each location."""
+        if self.entry_ids is not None:
+            return self.entry_ids
+        return range(self.first_entry_id, self.first_entry_id + len(self.locations))
 
 
 @dataclass(slots=True)
 class ReadResult:
     ctx: int
     ledger_id: int
-    blobs: list[bytes]
+    blobs: list[bytes | memoryview]  # views into the EntryLogger's read buffers: not copied until ZeroMQ sends them
     ledger_known: bool
     error: str = ""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -441,7 +441,7 @@ class ServerCore:
         self._reply_read(p.ident, p.req, msg.blobs, lid_known=msg.ledger_known or msg.ledger_id in self.ledgers,
                          started=p.started, now=now)
 
-    def _reply_read(self, ident: bytes, req: w.ReadRequest, blobs: list[bytes], *, lid_known: bool,
+    def _reply_read(self, ident: bytes, req: w.ReadRequest, blobs: Sequence[bytes | memoryview], *, lid_known: bool,
                     started: float, now: float | None = None) -> None:
         state = self.ledgers.get(req.ledger_id)
         if blobs:
@@ -452,7 +452,7 @@ class ServerCore:
             status = Status.ENOENTRY if lid_known else Status.ENOLEDGER
         self._finish_read(ident, req, status, blobs, started, now if now is not None else started)
 
-    def _finish_read(self, ident: bytes, req: w.ReadRequest, status: Status, blobs: list[bytes],
+    def _finish_read(self, ident: bytes, req: w.ReadRequest, status: Status, blobs: Sequence[bytes | memoryview],
                      started: float, now: float) -> None:
         state = self.ledgers.get(req.ledger_id)
         lac = state.lac if state else -1

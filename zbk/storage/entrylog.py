@@ -102,8 +102,15 @@ _LENGTH_MIN = _IDS.size
 _LENGTH_MAX = _IDS.size + limits.entry_bytes_max + 4096  # room for the entry's own header/digest
 _TRAILER = struct.Struct("<QII8s")
 _LAST_ID = struct.Struct("<8sQ")
+_REC = struct.Struct("<IIQq")  # a record's header: length, crc32c, ledger id, entry id
 _READ_FDS_MAX = 64
 _READ_GUESS_BYTES = 4096
+# Range reads (read_entries) coalesce records that lie close together in one log into one
+# pread of at most _RUN_BYTES_MAX. A location more than _RUN_GAP_MAX past the previous one
+# (a large entry, or records of other ledgers in between) starts a new run, so a run never
+# drags much more than the records it serves through memory.
+_RUN_BYTES_MAX = 1 << 20
+_RUN_GAP_MAX = 16 << 10
 _pack_ids = _IDS.pack
 _pack_prefix = _PREFIX.pack
 
@@ -234,6 +241,16 @@ def scan_file(path: str) -> Iterator[tuple[int, int, int, bytes]]:
             os.close(fd)
     end = footer.data_end if footer else len(data)
     yield from _records(data, HEADER_BYTES, end)
+
+
+@dataclass(slots=True)
+class ReadBatch:
+    """What :meth:`EntryLogWriter.read_entries` read: the blobs (read-only views into the
+    buffers they were read into: no copies), and why it stopped before the last location
+    (a damaged record, an I/O error), or ``None``."""
+
+    blobs: list[memoryview | bytes]
+    error: CorruptDataError | OSError | None = None
 
 
 @dataclass(eq=False)
@@ -554,6 +571,89 @@ class EntryLogWriter:
             return _decode(lg.buf, offset - lg.written, len(lg.buf), path, offset, ledger_id, entry_id)
         return _read_record(lg.fd, path, offset, min(end, lg.written), ledger_id, entry_id)
 
+    def read_entries(self, ledger_id: int, entry_ids: Sequence[int], locations: Sequence[int],
+                     bytes_max: int) -> ReadBatch:
+        """The blobs of entry ``entry_ids[i]`` of the ledger at ``locations[i]``, in order.
+
+        Stops before the first entry that cannot be served (``error`` says why: exactly the
+        error :meth:`read` raises for it; the entries before it are in the batch) and before
+        the entry that would take the blobs past ``bytes_max`` (the first entry is always
+        taken). Every record is checked as strictly as :meth:`read` checks one (length, crc32c,
+        ledger and entry id), but records close together in a log are read with one pread
+        and checked in place: the range read of a ledger written in sequence costs one
+        system call per run of records instead of one or two per entry. A record the run
+        cannot vouch for (damaged, or not wholly inside the run) goes through :meth:`read`.
+        """
+        blobs: list[memoryview | bytes] = []
+        total = 0
+        n = len(locations)
+        i = 0
+        unpack = _REC.unpack_from
+        length_min, length_max = _LENGTH_MIN, _LENGTH_MAX
+        try:
+            while i < n:
+                j, run, base = self._read_run(locations, i)
+                size = len(run)
+                mv = memoryview(run)
+                for loc, entry_id in zip(locations[i:j], entry_ids[i:j], strict=True):
+                    at = (loc & OFFSET_MASK) - base  # >= 0: the run starts at its lowest location
+                    blob: memoryview | bytes | None = None
+                    if at + RECORD_HEADER_BYTES <= size:
+                        length, crc, lid, eid = unpack(run, at)
+                        rec_end = at + 8 + length  # 8: the length and crc fields
+                        if (lid == ledger_id and eid == entry_id and length_min <= length <= length_max
+                                and rec_end <= size):
+                            body = mv[at + 8:rec_end]
+                            if crc32c(body) == crc:
+                                blob = body[16:]  # 16: the ledger and entry ids
+                    if blob is None:  # the exact, strict path: raises for a bad record
+                        blob = self.read(loc, ledger_id, entry_id)
+                    total += len(blob)
+                    if blobs and total > bytes_max:
+                        return ReadBatch(blobs)
+                    blobs.append(blob)
+                i = j
+        except (CorruptDataError, OSError) as e:
+            return ReadBatch(blobs, e)
+        return ReadBatch(blobs)
+
+    def _read_run(self, locations: Sequence[int], i: int) -> tuple[int, bytes, int]:
+        """One read covering ``locations[i:j]``: returns ``j``, the bytes and their log offset.
+
+        The run's locations lie in one log between ``locations[i]`` and ``locations[j - 1]``
+        (:func:`_run_end`), so every record of the run starts inside the bytes; they are on
+        one side of where an active log's written bytes end and its write buffer begins.
+        The bytes reach _READ_GUESS_BYTES past the last location, or to the records' end. A
+        location that cannot start a run (unknown log, outside the records) gets an empty
+        run: :meth:`read` then raises its error."""
+        loc = locations[i]
+        log_id, offset = loc >> OFFSET_BITS, loc & OFFSET_MASK
+        lg = self._open.get(log_id)
+        footer = self._footers.get(log_id)
+        if footer is not None:
+            end = footer.data_end
+        elif lg is not None:
+            end = lg.written + len(lg.buf)
+        else:
+            return i + 1, b"", offset
+        if offset < HEADER_BYTES or offset + RECORD_HEADER_BYTES > end:
+            return i + 1, b"", offset
+        in_buffer = lg is not None and offset >= lg.written
+        floor = lg.written if in_buffer and lg is not None else HEADER_BYTES
+        limit = end if lg is None or in_buffer else min(end, lg.written)
+        # As locations: [low, high] is where the run's records may start.
+        low, high = make_location(log_id, floor), make_location(log_id, limit - RECORD_HEADER_BYTES)
+        j = _run_end(locations, i, max(low, loc), min(high, loc + _RUN_BYTES_MAX))
+        first, last = loc, locations[j - 1]
+        base = first & OFFSET_MASK
+        want = min((last & OFFSET_MASK) - base + _READ_GUESS_BYTES, limit - base)
+        if in_buffer:  # a copy: the write buffer changes, the views handed out must not
+            assert lg is not None
+            start = base - lg.written
+            return j, bytes(lg.buf[start:start + want]), base
+        fd = self._read_fd(log_id) if lg is None else lg.fd
+        return j, os.pread(fd, want, base), base
+
     def _records_extent(self, log_id: int, lg: _Log | None, offset: int) -> tuple[str, int]:
         """The log's path and where its records end (written or buffered)."""
         footer = self._footers.get(log_id)
@@ -644,6 +744,32 @@ class EntryLogWriter:
     def _check_writable(self) -> None:
         if self._failed is not None:
             raise BookieIOError(f"entry logger failed earlier: {self._failed}")
+
+
+def _run_end(locations: Sequence[int], i: int, low: int, high: int) -> int:
+    """The end ``j > i`` of the run of ``locations`` from ``i == low``: every location of the
+    run lies in [low, locations[j - 1]], within [low, high], on average at most _RUN_GAP_MAX
+    past ``low`` per location.
+
+    Locations of a ledger written in sequence ascend, so the end is found by a binary search
+    on the last location of the run, and the guess is then checked in C (min and max of the
+    run). Where the locations do not ascend, the run is grown one location at a time."""
+    n = len(locations)
+    lo, hi = i + 1, n  # the end is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        loc = locations[mid - 1]
+        if low <= loc <= high and loc - low <= (mid - i) * _RUN_GAP_MAX:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo - i <= 2 or (min(locations[i:lo]) == low and max(locations[i:lo]) == locations[lo - 1]):
+        return lo
+    j, last = i + 1, low  # not ascending: grow step by step
+    while j < n and last < locations[j] <= min(high, last + _RUN_GAP_MAX):
+        last = locations[j]
+        j += 1
+    return j
 
 
 def _usage_of(mm: mmap.mmap, size: int, usage: dict[int, int]) -> int:

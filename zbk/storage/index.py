@@ -202,6 +202,36 @@ def slot_location(page: array.array[int], entry_id: int, path: str) -> int | Non
                            offset=HEADER_BYTES + entry_id * SLOT_BYTES)
 
 
+def _lanes(words: array.array[int]) -> int:
+    """The u64 words of an array as one int, word ``k`` in bits [64k, 64k + 64)."""
+    return int.from_bytes(words, sys.byteorder)  # native order both ways: lanes line up
+
+
+# Slot i of any page checks against (page base + i) ^ SLOT_KEY = page base ^ (i ^ SLOT_KEY),
+# because a page base has no bits below PAGE_ENTRIES (a power of two).
+assert PAGE_ENTRIES & (PAGE_ENTRIES - 1) == 0, "pages must hold a power of two of slots"
+_LOW_KEYS = array.array("Q", [i ^ SLOT_KEY for i in range(PAGE_ENTRIES)])
+
+
+def slot_locations(page: array.array[int], page_no: int, lo: int, hi: int, path: str) -> list[int | None]:
+    """The locations in slots ``lo <= i < hi`` of page ``page_no`` (``None`` where absent), each
+    checked as :func:`slot_location` checks one; the first damaged slot raises CorruptDataError.
+
+    A range read looks up thousands of slots: when every slot of the range holds a location
+    (the common case) the checks run at once, as xors of the whole range taken as big ints
+    (lane k of ``locations ^ checks ^ low keys ^ page base`` is zero iff slot k passes).
+    Otherwise the slots are checked one by one, so an absent or damaged slot is answered
+    exactly as :func:`slot_location` answers it."""
+    locations = page[2 * lo:2 * hi:2]
+    out: list[int | None] = locations.tolist()  # type: ignore[assignment]
+    if 0 not in out:
+        base = array.array("Q", [page_no * PAGE_ENTRIES]) * (hi - lo)
+        if _lanes(locations) ^ _lanes(page[2 * lo + 1:2 * hi:2]) ^ _lanes(_LOW_KEYS[lo:hi]) ^ _lanes(base) == 0:
+            return out
+    first = page_no * PAGE_ENTRIES
+    return [slot_location(page, first + i, path) for i in range(lo, hi)]
+
+
 def page_entries(page: array.array[int], page_no: int, path: str) -> list[int]:
     """Entry ids present in a page, ascending (every present slot is checked)."""
     base = page_no * PAGE_ENTRIES

@@ -99,7 +99,34 @@ class LedgerCache:
 
     def get(self, ledger_id: int, entry_id: int) -> int | None:
         """The entry's location, or ``None`` when this bookie does not hold it."""
-        key = (ledger_id, entry_id // PAGE_ENTRIES)
+        page = self._page_for_read(ledger_id, entry_id // PAGE_ENTRIES)
+        if page is None:
+            return None
+        return index.slot_location(page, entry_id, self._ledgers[ledger_id].path)
+
+    def get_range(self, ledger_id: int, first: int, count: int) -> list[int | None]:
+        """``[get(ledger_id, e) for e in range(first, first + count)]``, a page at a time.
+
+        A damaged slot raises :class:`CorruptDataError` as :meth:`get` does; the caller that
+        needs the locations before it looks the range up again entry by entry."""
+        out: list[int | None] = []
+        end = first + count
+        led = self._ledgers.get(ledger_id)
+        while first < end:
+            page_no, lo = divmod(first, PAGE_ENTRIES)
+            hi = min(PAGE_ENTRIES, lo + end - first)
+            page = self._page_for_read(ledger_id, page_no)
+            if page is None:
+                out.extend([None] * (hi - lo))
+            else:
+                assert led is not None
+                out.extend(index.slot_locations(page, page_no, lo, hi, led.path))
+            first += hi - lo
+        return out
+
+    def _page_for_read(self, ledger_id: int, page_no: int) -> Page | None:
+        """The page from the cache or the file (then cached), ``None`` when no file holds it."""
+        key = (ledger_id, page_no)
         page = self._dirty.get(key)
         if page is None:
             page = self._clean.get(key)
@@ -107,13 +134,13 @@ class LedgerCache:
                 self._clean.move_to_end(key)
             else:
                 led = self._ledgers.get(ledger_id)
-                if led is None or not led.on_disk or key[1] >= self._disk_pages(led):
+                if led is None or not led.on_disk or page_no >= self._disk_pages(led):
                     return None
-                page = self._load_page(led, key[1])
+                page = self._load_page(led, page_no)
                 self._clean[key] = page
-                led.pages.add(key[1])
+                led.pages.add(page_no)
                 self._evict()
-        return index.slot_location(page, entry_id, self._ledgers[ledger_id].path)
+        return page
 
     def last_entry_id(self, ledger_id: int) -> int:
         """The highest entry id held for the ledger (-1 when none)."""
