@@ -13,6 +13,7 @@ frame_bytes_max_ceiling = 256 * 1024 * 1024
 entry_bytes_max = 8 * 1024 * 1024  # one entry's payload
 entries_per_add_request_max = 4096  # a batched ADD_ENTRY request
 entries_per_read_request_max = 4096  # a ranged READ_ENTRY request
+ledgers_per_multi_add_max = 1024  # parts (ledgers) of one MULTI_ADD request; its entries count as one add request's
 read_response_bytes_max = 8 * 1024 * 1024  # a ranged read stops adding entries past this
 header_bytes_max = 64 * 1024  # the CBOR header frame of any request
 long_poll_timeout_ms_max = 60_000

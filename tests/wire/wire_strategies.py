@@ -18,6 +18,8 @@ from zbk.wire.messages import (
     BookieInfoResponse,
     ErrorResponse,
     ListEntriesResponse,
+    MultiAddRequest,
+    MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -60,6 +62,13 @@ add_requests = st.builds(
     flags=st.sampled_from([AddFlag(v) for v in range(4)]),
     entries=tuples_of_blobs(1, 8),
 )
+
+
+@st.composite
+def multi_add_requests(draw: st.DrawFn) -> MultiAddRequest:
+    """1..6 parts (rid 0: a part's rid is not on the wire), at most 4,096 entries in all."""
+    parts = draw(st.lists(add_requests.map(lambda p: dataclasses.replace(p, rid=0)), min_size=1, max_size=6))
+    return MultiAddRequest(rid=draw(rids), parts=tuple(parts))
 
 
 @st.composite
@@ -153,6 +162,9 @@ _BUILDERS: dict[type, st.SearchStrategy[Any]] = {
     ReadLacRequest: read_lac_requests(),
     ErrorResponse: st.builds(ErrorResponse, rid=rids, status=statuses.filter(lambda s: s is not Status.EOK)),
     AddResponse: add_responses(),
+    MultiAddRequest: multi_add_requests(),
+    MultiAddResponse: st.builds(MultiAddResponse, rid=rids, status=statuses,
+                                statuses=st.lists(statuses, min_size=1, max_size=8).map(tuple)),
     ReadResponse: read_responses(),
     ReadLacResponse: st.builds(ReadLacResponse, rid=rids, status=statuses, ledger_id=ledger_ids, lac=lacs,
                                last_entry=st.none() | blobs),

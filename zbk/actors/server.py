@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cbor2
+
 from zbk import limits
 from zbk.actors.base import Outbox
 from zbk.actors.messages import (
@@ -192,6 +194,9 @@ class ServerCore:
             m.BAD_FRAMES_TOTAL.labels("answered").inc()
             self.reply(ident, encode(w.ErrorResponse(rid=e.rid, status=e.status)))
             return
+        if type(req) is w.MultiAddRequest:
+            self._on_multi_add(ident, req, now)
+            return
         if self._overloaded(req):
             m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], "ETOOMANYREQUESTS").inc()
             self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
@@ -199,6 +204,35 @@ class ServerCore:
         handler = self._handlers.get(type(req))
         assert handler is not None, f"no handler for {type(req).__name__}"
         handler(self, ident, req, now)
+
+    # MULTI_ADD (client-side coalescing, performance issue #8) ------------------------------
+    # Each part runs the ADD_ENTRY path unchanged, as if it came alone, under a stand-in
+    # ident (_Part); the replies addressed to a _Part are collected, and the last one sends
+    # the single MultiAddResponse to the real peer.
+    @property
+    def reply(self) -> Reply:
+        return self._route_reply
+
+    @reply.setter
+    def reply(self, fn: Reply) -> None:
+        self._net_reply = fn
+
+    def _route_reply(self, ident: Any, frames: list[Any]) -> None:
+        if type(ident) is _Part:
+            ident.multi.answer(ident.index, frames)
+        else:
+            self._net_reply(ident, frames)
+
+    def _on_multi_add(self, ident: bytes, req: w.MultiAddRequest, now: float) -> None:
+        multi = _MultiAdd(self, ident, req.rid, len(req.parts))
+        for i, part in enumerate(req.parts):
+            if self._overloaded(part):
+                m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
+                multi.statuses[i] = Status.ETOOMANYREQUESTS
+                multi.left -= 1
+            else:
+                self._on_add(_Part(multi, i), part, now)  # type: ignore[arg-type]
+        multi.maybe_done()
 
     @property
     def in_flight(self) -> int:
@@ -676,6 +710,38 @@ class ServerCore:
             dropped.append(lid)
         self._publish_counts()
         return dropped
+
+
+class _MultiAdd:
+    """The parts of one MULTI_ADD request still unanswered, and the statuses so far."""
+
+    __slots__ = ("core", "ident", "rid", "statuses", "left", "sent")
+
+    def __init__(self, core: ServerCore, ident: bytes, rid: int, n: int) -> None:
+        self.core, self.ident, self.rid = core, ident, rid
+        self.statuses = bytearray(n)
+        self.left = n
+        self.sent = False
+
+    def answer(self, index: int, frames: list[Any]) -> None:
+        """The ADD_ENTRY answer of part ``index`` (an encoded AddResponse: read its status)."""
+        self.statuses[index] = int(cbor2.loads(bytes(frames[0]))["st"])
+        self.left -= 1
+        self.maybe_done()
+
+    def maybe_done(self) -> None:
+        if self.left == 0 and not self.sent:
+            self.sent = True
+            self.core._net_reply(self.ident, encode(w.MultiAddResponse(
+                rid=self.rid, status=Status.EOK, statuses=[Status(s) for s in self.statuses])))
+
+
+@dataclass(slots=True, eq=False)
+class _Part:
+    """Stands in for the peer's ident while one part of a MULTI_ADD goes the ADD_ENTRY path."""
+
+    multi: _MultiAdd
+    index: int
 
 
 _OP_NAMES: dict[type, str] = {

@@ -44,6 +44,8 @@ from zbk.wire.messages import (
     ListEntriesRequest,
     ListEntriesResponse,
     Message,
+    MultiAddRequest,
+    MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -147,6 +149,27 @@ def _enc_add_request(m: AddRequest) -> list[Blob]:
     if m.flags:
         h["f"] = m.flags
     return [_cbor_map(h), *m.entries]
+
+
+# MULTI_ADD part table (frame 1): per part, big-endian ledger id, entry count, add flags,
+# master key. Its entries follow as frames 2.., part after part.
+_PART = struct.Struct(">qIB32s")
+assert _PART.size == 45 and MASTER_KEY_BYTES == 32
+
+
+def _enc_multi_add_request(m: MultiAddRequest) -> list[Blob]:
+    pack = _PART.pack
+    table = b"".join([pack(p.ledger_id, len(p.entries), p.flags, p.master_key) for p in m.parts])
+    frames: list[Blob] = [_cbor_map({"v": VERSION, "op": OpCode.MULTI_ADD, "rid": m.rid}), table]
+    for p in m.parts:
+        frames.extend(p.entries)
+    return frames
+
+
+def _enc_multi_add_response(m: MultiAddResponse) -> list[Blob]:
+    h = _base(OpCode.MULTI_ADD, m.rid)
+    h["st"] = m.status
+    return [_cbor_map(h), bytes(m.statuses)]
 
 
 def _enc_read_request(m: ReadRequest) -> list[Blob]:
@@ -256,6 +279,7 @@ def _enc_list_entries_response(m: ListEntriesResponse) -> list[Blob]:
 
 _ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
     AddRequest: _enc_add_request,
+    MultiAddRequest: _enc_multi_add_request,
     ReadRequest: _enc_read_request,
     ReadLacRequest: _enc_read_lac_request,
     WriteLacRequest: _enc_write_lac_request,
@@ -266,6 +290,7 @@ _ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
     ListEntriesRequest: _enc_list_entries_request,
     ErrorResponse: _enc_error_response,
     AddResponse: _enc_add_response,
+    MultiAddResponse: _enc_multi_add_response,
     ReadResponse: _enc_read_response,
     ReadLacResponse: _enc_read_lac_response,
     WriteLacResponse: _enc_write_lac_response,
@@ -396,6 +421,28 @@ def _dec_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> AddRequest:
     )
 
 
+def _dec_multi_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAddRequest:
+    """Frame 1 is the part table, frames 2.. the entries of the parts in order; every part
+    has at least one entry and the counts add up to the entry frames exactly."""
+    _frames(frames, 2, limits.entries_per_add_request_max + 1)
+    table = frames[1]
+    size = len(table)
+    n, rest = divmod(size, _PART.size)
+    if rest or not 1 <= n <= limits.ledgers_per_multi_add_max:
+        raise _Invalid(f"part table of {size} bytes is not 1..{limits.ledgers_per_multi_add_max} parts")
+    parts: list[AddRequest] = []
+    at = 2
+    for ledger_id, count, flags, key in _PART.iter_unpack(table):
+        if ledger_id < 0 or count < 1 or at + count > len(frames):
+            raise _Invalid(f"part {len(parts)}: ledger {ledger_id} with {count} entries does not fit the frames")
+        parts.append(AddRequest(rid=0, ledger_id=ledger_id, master_key=key, flags=_add_flags(flags),
+                                entries=tuple(frames[at:at + count])))
+        at += count
+    if at != len(frames):
+        raise _Invalid(f"the parts hold {at - 2} entries, the message {len(frames) - 2}")
+    return MultiAddRequest(rid=h["rid"], parts=tuple(parts))
+
+
 def _dec_read_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadRequest:
     _frames(frames, 0, 0)
     first = _id(h["e"], "e")
@@ -483,6 +530,15 @@ def _dec_add_response(h: dict[str, Any], frames: Sequence[Blob]) -> AddResponse:
         first_entry_id=first,
         last_entry_id=last,
     )
+
+
+def _dec_multi_add_response(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAddResponse:
+    _frames(frames, 1, 1)
+    raw = bytes(frames[1])
+    if not 1 <= len(raw) <= limits.ledgers_per_multi_add_max:
+        raise _Invalid(f"expected 1..{limits.ledgers_per_multi_add_max} part statuses, got {len(raw)}")
+    statuses = tuple(_status(b) for b in raw)
+    return MultiAddResponse(rid=h["rid"], status=_status(h["st"]), statuses=statuses)
 
 
 def _dec_read_response(h: dict[str, Any], frames: Sequence[Blob]) -> ReadResponse:
@@ -576,6 +632,7 @@ def _table(spec: dict[OpCode, tuple[_Decoder, str]]) -> dict[int, tuple[_Decoder
 
 _REQUESTS = _table({
     OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f"),
+    OpCode.MULTI_ADD: (_dec_multi_add_request, "v op rid"),
     OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to"),
     OpCode.READ_LAC: (_dec_read_lac_request, "v op rid l f mk pl to"),
     OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
@@ -588,6 +645,7 @@ _REQUESTS = _table({
 _RESPONSES = _table({
     OpCode.ERROR: (_dec_error_response, "v op rid st"),
     OpCode.ADD_ENTRY: (_dec_add_response, "v op rid st l e0 e1"),
+    OpCode.MULTI_ADD: (_dec_multi_add_response, "v op rid st"),
     OpCode.READ_ENTRY: (_dec_read_response, "v op rid st l e lac"),
     OpCode.READ_LAC: (_dec_read_lac_response, "v op rid st l lac"),
     OpCode.WRITE_LAC: (_dec_write_lac_response, "v op rid st l"),

@@ -47,6 +47,17 @@ class AddRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MultiAddRequest:
+    """MULTI_ADD: several ADD_ENTRY batches (``parts``) in one message, typically of different
+    ledgers. Each part is checked and stored as if it came alone and gets its own status;
+    the parts' own ``rid`` is not sent (decoded parts carry 0): the message's ``rid`` names them all.
+    """
+
+    rid: int
+    parts: Sequence[AddRequest]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReadRequest:
     """READ_ENTRY: read ``count`` entries from ``first_entry_id``.
 
@@ -163,6 +174,17 @@ class AddResponse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MultiAddResponse:
+    """MULTI_ADD answer: ``statuses[i]`` is the ADD_ENTRY status of part ``i`` of the request
+    (EOK: all its entries are stored). ``status`` is EOK: the message itself was understood
+    (a request refused whole gets an ERROR response instead)."""
+
+    rid: int
+    status: Status
+    statuses: Sequence[Status]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReadResponse:
     """READ_ENTRY answer: the contiguous prefix of the range that the bookie holds.
 
@@ -257,6 +279,7 @@ class ListEntriesResponse:
 
 Request: TypeAlias = (
     AddRequest
+    | MultiAddRequest
     | ReadRequest
     | ReadLacRequest
     | WriteLacRequest
@@ -269,6 +292,7 @@ Request: TypeAlias = (
 Response: TypeAlias = (
     ErrorResponse
     | AddResponse
+    | MultiAddResponse
     | ReadResponse
     | ReadLacResponse
     | WriteLacResponse

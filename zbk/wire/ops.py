@@ -21,6 +21,7 @@ class OpCode(IntEnum):
     GET_BOOKIE_INFO = 7  # disk space, state and ledger counts of the bookie
     GET_LIST_OF_ENTRIES_OF_LEDGER = 8  # entry ids the bookie holds for a ledger, as ranges
     CLEAR_LIMBO = 9  # BP-46 phase two is done for a ledger here: clear its limbo status (durably)
+    MULTI_ADD = 10  # several ADD_ENTRY batches of different ledgers in one message, one status each
 
 
 class AddFlag(IntFlag):
