@@ -101,10 +101,12 @@ class EntryLoggerCore:
             self.outbox.send("server", Appended(msg.batch_id, lid, msg.entry_ids, [], error=str(e),
                                                 no_space=e.errno == errno.ENOSPC))
             return
-        m.ENTRYLOG_BYTES_WRITTEN.inc(sum(len(b) for b in msg.blobs))
-        self.outbox.send("server", Appended(msg.batch_id, lid, msg.entry_ids, locations))
+        # The journal record first: its write and fsync are the longest step of an add, and
+        # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
             self.outbox.send("journal", JournalAppend(msg.batch_id, lid, msg.entry_ids, msg.blobs))
+        self.outbox.send("server", Appended(msg.batch_id, lid, msg.entry_ids, locations))
+        m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
 
     def _read(self, msg: ReadLocations) -> None:
         assert self.outbox is not None

@@ -1,9 +1,13 @@
 """Messages between the actors of one bookie (never on the network).
 
+They are handed over, not copied (zbk/actors/base.py): once sent, a message and the lists
+inside it are never changed by anyone. The add path shares ``entry_ids`` and ``blobs``
+lists along AppendBatch -> JournalAppend / Appended -> IndexPut and the Server's PendingAdd.
+
 Who sends what to whom, and why the order is safe:
 
-    Server --AppendBatch--> EntryLogger --Appended--> Server --IndexPut--> IndexSyncer
-                                        --JournalAppend--> JournalWriter --Synced--> Server
+    Server --AppendBatch--> EntryLogger --JournalAppend--> JournalWriter --Synced--> Server
+                                        --Appended--> Server --IndexPut--> IndexSyncer
     Server --JournalMeta--> JournalWriter (fence, master key, limbo, explicit LAC records)
     Server --HeaderUpdate / IndexPut / Lookup / Checkpoint--> IndexSyncer
     IndexSyncer --ReadLocations--> EntryLogger --ReadResult--> Server
@@ -16,13 +20,16 @@ Who sends what to whom, and why the order is safe:
    entry's location (Appended, from which it sent IndexPut) and the journal's Synced.
    Every later read is a Lookup on the same Server->IndexSyncer pipe, behind the IndexPut.
 2. Checkpoint safety: the mark M the journal returns follows every record it had received.
-   Each ADD record was sent by the EntryLogger after the entry was appended and after
-   Appended went to the Server; CheckpointReady(M) goes to the Server on that same pipe
-   after the logs were fsynced, so the Server has already forwarded every IndexPut of
-   records before M when it forwards Checkpoint(M). Meta records (fence, master key...)
-   are sent by the Server to the IndexSyncer (HeaderUpdate) before their journal record,
-   hence before M was computed, hence before Checkpoint(M) on the same pipe. So when the
-   IndexSyncer persists lastMark = M, everything before M is in fsynced logs and index.
+   Each ADD record was sent by the EntryLogger after the entry was appended, in the same
+   step that sends the entry's Appended to the Server (the record goes first, so that the
+   fsync starts sooner). CheckpointReady(M) is sent in a later step (handling Mark(M),
+   which the journal can only compute after receiving the record), on that same
+   EntryLogger->Server pipe, after the logs were fsynced; so the Server has already
+   forwarded every IndexPut of records before M when it forwards Checkpoint(M). Meta
+   records (fence, master key...) are sent by the Server to the IndexSyncer (HeaderUpdate)
+   before their journal record, hence before M was computed, hence before Checkpoint(M) on
+   the same pipe. So when the IndexSyncer persists lastMark = M, everything before M is in
+   fsynced logs and index.
 """
 
 from __future__ import annotations
