@@ -517,6 +517,9 @@ class SimBookie:
             return
         if isinstance(req, w.AddRequest):
             reply(self._add(req))
+        elif isinstance(req, w.MultiAddRequest):  # each part as if it came alone
+            reply(w.MultiAddResponse(rid=req.rid, status=Status.EOK,
+                                     statuses=tuple(self._add(part).status for part in req.parts)))
         elif isinstance(req, w.ReadRequest):
             self._read(req, reply)
         elif isinstance(req, w.ReadLacRequest):
@@ -853,7 +856,7 @@ class SimCluster:
         req = decode_request(encode(msg)) if self.wire else msg
         drop, drop_reply, delay, reply_delay = False, False, 0.0, 0.0
         for rule in b.rules:
-            if (rule.client is None or rule.client == client) and rule.match(req):
+            if (rule.client is None or rule.client == client) and _matches(rule, req):
                 if rule.action == "drop":
                     drop = True
                 elif rule.action == "drop_reply":
@@ -907,6 +910,13 @@ class SimCluster:
         self.loop.call_at(self._when(client, b, "request", delay), b.arrive, incarnation, work)
 
 
+def _matches(rule: Rule, req: Any) -> bool:
+    """A MULTI_ADD is one message: a rule about any of its parts decides its fate."""
+    if isinstance(req, w.MultiAddRequest):
+        return rule.match(req) or any(rule.match(part) for part in req.parts)
+    return rule.match(req)
+
+
 def _fail(fut: asyncio.Future[Any], err: BaseException) -> None:
     if not fut.done():
         fut.set_exception(err)
@@ -918,6 +928,10 @@ def _describe(msg: Any) -> str:
     if isinstance(msg, w.AddRequest):
         ids = [peek_entry_header(b)[1] for b in msg.entries]
         parts.append(f"{ids}{' recovery' if msg.flags & AddFlag.RECOVERY_ADD else ''}")
+    elif isinstance(msg, w.MultiAddRequest):
+        parts.extend(f"{p.ledger_id}:{[peek_entry_header(b)[1] for b in p.entries]}" for p in msg.parts)
+    elif isinstance(msg, w.MultiAddResponse):
+        parts.append(",".join(Status(s).name for s in msg.statuses))
     elif isinstance(msg, (w.ReadRequest, w.ReadLacRequest)):
         if isinstance(msg, w.ReadRequest):
             parts.append(f"{msg.first_entry_id}+{msg.count}")
@@ -946,6 +960,7 @@ class SimTransport:
         self._rids = itertools.count(1)
         self._keys = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self.failed_at: dict[str, float] = {}
         self.closed = False
 
@@ -973,6 +988,22 @@ class SimTransport:
             raise
         finally:
             self._pending.pop(key, None)
+
+    def send(self, bookie: str, msg: Any, timeout_s: float, callback: Callable[[Any], None]) -> None:
+        """request() in a task, its outcome handed to ``callback`` (the real transport's
+        send() does without the task; the sim keeps one path for both)."""
+
+        async def run() -> None:
+            try:
+                resp = await self.request(bookie, msg, timeout_s)
+            except ZbkError as e:
+                callback(e)
+                return
+            callback(resp)
+
+        task = self.cluster.loop.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         self.closed = True

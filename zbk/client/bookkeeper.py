@@ -18,7 +18,7 @@ from typing import Any
 
 from zbk.client import placement
 from zbk.client.digest import Digest, make_digest, master_key
-from zbk.client.handles import LedgerHandle, ReadHandle
+from zbk.client.handles import AddDispatcher, LedgerHandle, ReadHandle
 from zbk.client.recovery import check_password, recover
 from zbk.client.transport import Transport, ZmqTransport
 from zbk.config import ClientConfig
@@ -60,6 +60,7 @@ class ClientContext:
         self.speculative_read_s = config.speculative_read_ms / 1000
         self._digests: dict[tuple[str, bytes], Digest] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
 
     @classmethod
     def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
@@ -84,6 +85,12 @@ class ClientContext:
 
     async def writable_bookies(self) -> list[BookieRegistration]:
         return await asyncio.to_thread(list_bookies, self.store)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background; close() gives it a moment to finish."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def send_write_close(self, md: LedgerMetadata, key: bytes) -> None:
         """BP-32 advisory WRITE_CLOSE to the last ensemble; never waited for, failures logged."""

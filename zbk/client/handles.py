@@ -1,8 +1,11 @@
 """Ledger handles: reading (ReadHandle) and writing (LedgerHandle, which can also read).
 
 Write path: each append gets the next entry id and its blob (digest over everything,
-piggybacking the current LAC); entries queued in the same event-loop turn are batched into
-ONE ADD_ENTRY request per bookie of their write sets. An entry is confirmed once AQ bookies
+piggybacking the current LAC); entries queued in the same event-loop turn, by all the
+client's ledger handles together, go out as ONE message per bookie of their write sets
+(AddDispatcher: an ADD_ENTRY for one ledger, a MULTI_ADD with a part per ledger for several).
+Requests are pipelined: new entries are sent while earlier requests to the same bookie are
+still in flight; nothing waits for an answer before sending. An entry is confirmed once AQ bookies
 of its write set acknowledged it AND every earlier entry is confirmed; futures complete
 strictly in entry order. A bookie that fails (timeout, unreachable, EIO, read-only...)
 triggers an ensemble change: a replacement is chosen, a new fragment starting at LAC+1 is
@@ -19,6 +22,7 @@ the next replica. Reads stop at the LAC (or the last entry of a closed ledger).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -353,7 +357,14 @@ class LedgerHandle(ReadHandle):
         self.pending: deque[_Add] = deque()
         self.failed: ZbkError | None = None
         self.closing = False
-        self._flush_scheduled = False
+        self._dispatcher: AddDispatcher = ctx.adds
+        self._unsent: list[_Add] = []  # appended since the last _collect
+        self._rescan = False  # look at every pending entry at the next _collect (ensemble change)
+        self._ws_md: LedgerMetadata | None = None  # _write_set's cache
+        self._ws_first = 0
+        self._ws_rot: list[list[str]] = []
+        flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
+        self._add_flags = flags | AddFlag.DEFERRED_SYNC if self.deferred_sync else flags
         self._changing = False
         self._to_replace: set[str] = set()
         # Ensemble changes since an entry was last confirmed: bounds a writer flapping between
@@ -385,74 +396,112 @@ class LedgerHandle(ReadHandle):
         if self.failed is not None:
             raise self.failed  # nothing would send it: a recovery would wait for it forever
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.pending.append(_Add(eid, blob, size, fut, time.monotonic()))
-        self._drained.clear()
-        self._schedule_flush()
+        a = _Add(eid, blob, size, fut, time.monotonic())
+        self.pending.append(a)
+        self._unsent.append(a)
+        if self._drained.is_set():
+            self._drained.clear()
+        self._dispatcher.wake(self)
         return fut
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        """Send every pending entry again where it is missing (after an ensemble change)."""
+        self._rescan = True
+        self._dispatcher.wake(self)
 
-    def _flush(self) -> None:
-        """Send every pending entry to the bookies of its write set it has not reached yet:
-        one request per bookie (split by the request limits)."""
-        self._flush_scheduled = False
+    def _write_set(self, entry_id: int) -> list[str]:
+        """md.write_set, from rotations of the last ensemble cached per metadata object."""
+        md = self.md
+        if md is not self._ws_md:
+            first, ensemble = md.fragments[-1]
+            e = md.ensemble_size
+            self._ws_md, self._ws_first = md, first
+            self._ws_rot = [[ensemble[(i + k) % e] for k in range(md.write_quorum)] for i in range(e)]
+        if entry_id >= self._ws_first:
+            return self._ws_rot[entry_id % len(self._ws_rot)]
+        return md.write_set(entry_id)
+
+    def _collect(self, out: dict[str, list[tuple[LedgerHandle, list[_Add]]]]) -> None:
+        """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
+        entry's bookies of its write set that it has not been sent to, per bookie. Only new
+        entries are looked at, except after an ensemble change (then all pending ones)."""
         if self._changing or self.failed is not None:
-            return
-        by_bookie: dict[str, list[_Add]] = {}
-        for a in self.pending:
-            for b in self.md.write_set(a.entry_id):
-                if b not in a.sent:
-                    a.sent.add(b)
-                    by_bookie.setdefault(b, []).append(a)
-        for b, adds in by_bookie.items():
-            for chunk in add_batches(adds, _blob_size, limits.frame_bytes_max_default // 2):
-                self._spawn(self._send(b, chunk))
+            return  # the change ends with _schedule_flush(): everything is looked at then
+        if self._rescan:
+            self._rescan = False
+            adds: Any = self.pending
+        else:
+            adds = self._unsent
+        self._unsent = []
+        mine: dict[str, list[_Add]] = {}
+        write_set = self._write_set
+        for a in adds:
+            sent = a.sent
+            for b in write_set(a.entry_id):
+                if b not in sent:
+                    sent.add(b)
+                    lst = mine.get(b)
+                    if lst is None:
+                        mine[b] = [a]
+                    else:
+                        lst.append(a)
+        for b, lst in mine.items():
+            group = out.get(b)
+            if group is None:
+                out[b] = [(self, lst)]
+            else:
+                group.append((self, lst))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, bookie: str, adds: list[_Add]) -> None:
-        t = self.ctx.transport
-        flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
-        if self.deferred_sync:
-            flags |= AddFlag.DEFERRED_SYNC
-        req = w.AddRequest(rid=t.next_rid(), ledger_id=self.ledger_id, master_key=self.master_key, flags=flags,
-                           entries=[a.blob for a in adds])
-        try:
-            resp = await t.request(bookie, req, self.ctx.add_timeout_s)
-        except BookieUnavailableError as e:
-            self._bookie_failed(bookie, adds, str(e))
-            return
-        if resp.status == Status.EOK:
+    def _add_request(self, rid: int, adds: list[_Add]) -> w.AddRequest:
+        return w.AddRequest(rid=rid, ledger_id=self.ledger_id, master_key=self.master_key, flags=self._add_flags,
+                            entries=[a.blob for a in adds])
+
+    def _add_failed(self, bookie: str, adds: list[_Add], err: BaseException) -> None:
+        """The request carrying ``adds`` to ``bookie`` got no answer (or the transport refused it)."""
+        if isinstance(err, UnauthorizedError):  # CURVE: this client's key is refused
+            self._fail(err)
+        else:
+            self._bookie_failed(bookie, adds, str(err))
+
+    def _add_answered(self, bookie: str, adds: list[_Add], status: Status) -> None:
+        if status == Status.EOK:
             for a in adds:
                 if bookie in a.sent:  # not re-routed away from this bookie meanwhile
                     a.acked.add(bookie)
             self._advance()
-        elif resp.status == Status.EFENCED:
+        elif status == Status.EFENCED:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced (by {bookie}): another client is recovering it"))
-        elif resp.status == Status.EUA:
+        elif status == Status.EUA:
             self._fail(UnauthorizedError(f"ledger {self.ledger_id}: {bookie} refused the master key"))
         else:
-            self._bookie_failed(bookie, adds, resp.status.name)
+            self._bookie_failed(bookie, adds, status.name)
 
     def _advance(self) -> None:
         aq = self.md.ack_quorum
+        pending = self.pending
+        if not pending:
+            self._drained.set()
+            return
+        if len(pending[0].acked) < aq:
+            return
         now = time.monotonic()
-        while self.pending and len(self.pending[0].acked) >= aq:
-            a = self.pending.popleft()
-            self._changes_without_progress = 0
+        started: list[float] = []
+        while pending and len(pending[0].acked) >= aq:
+            a = pending.popleft()
             self.last_confirmed = a.entry_id
-            if not self.deferred_sync:
-                self.lac = a.entry_id
             self.length += a.size
-            cm.ADD_ENTRY_SECONDS.observe(now - a.started)
+            started.append(a.started)
             if not a.future.done():
                 a.future.set_result(a.entry_id)
+        self._changes_without_progress = 0
+        if not self.deferred_sync:
+            self.lac = self.last_confirmed
+        cm.ADD_ENTRY_SECONDS.observe_many([now - t for t in started])
         if not self.pending:
             self._drained.set()
 
@@ -596,6 +645,111 @@ class LedgerHandle(ReadHandle):
 
 def _blob_size(a: _Add) -> int:
     return len(a.blob)
+
+
+_Group = tuple[LedgerHandle, list[_Add]]
+
+
+class AddDispatcher:
+    """Sends the adds of every LedgerHandle of one client (performance issue #8).
+
+    Handles with new entries (or entries to resend) wake it; once per event-loop turn it asks
+    each of them for what each bookie still lacks, and sends ONE message per bookie: an
+    ADD_ENTRY when a single ledger has entries for that bookie, a MULTI_ADD carrying a part
+    per ledger otherwise (split at the request limits). So 10,000 ledgers written at once
+    make a few large requests per turn rather than one tiny request per ledger and entry.
+    Requests go out through the transport's callback path: no task, future or timer wheel
+    entry per request beyond one timeout handle. Requests to a bookie are never held back by
+    earlier ones still in flight (pipelining); a handle's entries still confirm in order,
+    since confirmation needs every earlier entry confirmed (LedgerHandle._advance).
+    """
+
+    def __init__(self, ctx: ClientContext) -> None:
+        self.ctx = ctx
+        self._dirty: dict[LedgerHandle, None] = {}  # insertion-ordered set
+        self._scheduled = False
+
+    def wake(self, handle: LedgerHandle) -> None:
+        self._dirty[handle] = None
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        dirty, self._dirty = self._dirty, {}
+        by_bookie: dict[str, list[_Group]] = {}
+        for h in dirty:
+            h._collect(by_bookie)
+        for bookie, groups in by_bookie.items():
+            for msg in _pack(groups):
+                self._send(bookie, msg)
+
+    def _send(self, bookie: str, groups: list[_Group]) -> None:
+        t = self.ctx.transport
+        rid = t.next_rid()
+        msg: w.AddRequest | w.MultiAddRequest
+        if len(groups) == 1:
+            h, adds = groups[0]
+            msg = h._add_request(rid, adds)
+        else:
+            msg = w.MultiAddRequest(rid=rid, parts=[h._add_request(0, adds) for h, adds in groups])
+        done = functools.partial(self._answered, bookie, groups)
+        send = getattr(t, "send", None)
+        if send is not None:
+            send(bookie, msg, self.ctx.add_timeout_s, done)
+        else:  # a transport with request() only (test fakes): one task per request
+            self.ctx.spawn(_request_then(t, bookie, msg, self.ctx.add_timeout_s, done))
+
+    @staticmethod
+    def _answered(bookie: str, groups: list[_Group], resp: Any) -> None:
+        if isinstance(resp, BaseException):
+            for h, adds in groups:
+                h._add_failed(bookie, adds, resp)
+            return
+        if isinstance(resp, w.MultiAddResponse) and len(groups) > 1 and len(resp.statuses) == len(groups):
+            for (h, adds), status in zip(groups, resp.statuses, strict=True):
+                h._add_answered(bookie, adds, status)
+            return
+        if isinstance(resp, w.ErrorResponse) or (isinstance(resp, w.AddResponse) and len(groups) == 1):
+            status = resp.status
+        else:  # an answer that does not fit the request: unknown, for every part
+            log.warning("%s answered an add request with %s", bookie, type(resp).__name__)
+            status = Status.EBADREQ
+        for h, adds in groups:
+            h._add_answered(bookie, adds, status)
+
+
+async def _request_then(t: Any, bookie: str, msg: Any, timeout_s: float, done: Callable[[Any], None]) -> None:
+    try:
+        resp = await t.request(bookie, msg, timeout_s)
+    except ZbkError as e:
+        done(e)
+        return
+    done(resp)
+
+
+def _pack(groups: list[_Group]) -> list[list[_Group]]:
+    """The groups of one bookie as messages within the request limits (entries, bytes,
+    parts); a group too large for one request is split across messages, in entry order."""
+    bytes_max = limits.frame_bytes_max_default // 2
+    n_max = limits.entries_per_add_request_max
+    out: list[list[_Group]] = [[]]
+    n = size = 0
+    for h, adds in groups:
+        total = sum([len(a.blob) for a in adds])
+        chunks = [adds] if len(adds) <= n_max and total <= bytes_max else add_batches(adds, _blob_size, bytes_max, n_max)
+        for chunk in chunks:
+            c_size = total if chunk is adds else sum([len(a.blob) for a in chunk])
+            cur = out[-1]
+            if cur and (n + len(chunk) > n_max or size + c_size > bytes_max
+                        or len(cur) >= limits.ledgers_per_multi_add_max):
+                out.append([])
+                n = size = 0
+            out[-1].append((h, chunk))
+            n += len(chunk)
+            size += c_size
+    return [m for m in out if m]
 
 
 def add_batches(items: list[T], size: Callable[[T], int], bytes_max: int,
