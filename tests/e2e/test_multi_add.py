@@ -11,13 +11,14 @@ from zbk.wire.ops import AddFlag, ReadFlag
 from zbk.wire.status import Status
 
 DIGEST = make_digest("crc32c", b"")
+PLAIN = AddFlag(0)
 
 
 def blob(lid: int, eid: int) -> bytes:
     return build_entry(lid, eid, eid - 1, f"{lid}/{eid}".encode(), DIGEST)
 
 
-def part(lid: int, key: bytes, eids: range, flags: AddFlag = AddFlag(0)) -> w.AddRequest:
+def part(lid: int, key: bytes, eids: range, flags: AddFlag = PLAIN) -> w.AddRequest:
     return w.AddRequest(rid=0, ledger_id=lid, master_key=key, flags=flags, entries=[blob(lid, e) for e in eids])
 
 
