@@ -237,8 +237,10 @@ def w_raw_read(a: argparse.Namespace) -> dict[str, Any]:
 
     received = nbytes = 0
     in_flight: dict[int, int] = {}
+    pids = [int(x) for x in a.pids.split(",")] if a.pids else []
     with BookieConnection(a.bookie, timeout_s=60) as c:
         nxt = 0
+        scpu0 = sum(cpu_seconds(p) for p in pids)
         t0 = time.perf_counter()
         end = t0 + a.seconds
 
@@ -265,8 +267,11 @@ def w_raw_read(a: argparse.Namespace) -> dict[str, Any]:
             if time.perf_counter() < end:
                 send_one()
         elapsed = time.perf_counter() - t0
+        bookie_cpu = sum(cpu_seconds(p) for p in pids) - scpu0
     return {"entries": received, "seconds": round(elapsed, 3), "entries_per_s": round(received / elapsed, 1),
-            "mb_per_s": round(nbytes / elapsed / 1e6, 1), "window": a.window, "count": a.count}
+            "mb_per_s": round(nbytes / elapsed / 1e6, 1), "window": a.window, "count": a.count,
+            "bookie_cpu_s_per_100k": round(bookie_cpu / received * 1e5, 3) if received and pids else None,
+            "bookie_cores": round(bookie_cpu / elapsed, 2) if pids else None}
 
 
 async def _client_read(a: argparse.Namespace) -> dict[str, Any]:
@@ -512,13 +517,16 @@ def section_read(a: argparse.Namespace) -> dict[str, Any]:
         for rnd in range(a.rounds):
             for window in (1, 4):
                 r = worker("raw-read", a.seconds + 120, bookie=b.bookie_id, first_lid=1, last=last, count=4096,
-                           window=window, seconds=a.seconds)
+                           window=window, seconds=a.seconds, pids=str(b.pid))
                 r["round"] = rnd
                 raw.append(r)
                 print(f"  raw read round {rnd + 1} window {window}: {r['entries_per_s']:>9,.0f} entries/s "
-                      f"{r['mb_per_s']:6.1f} MB/s (load {r['load']})", flush=True)
+                      f"{r['mb_per_s']:6.1f} MB/s, bookie {r['bookie_cpu_s_per_100k']} CPU-s per 100k entries, "
+                      f"{r['bookie_cores']} cores (load {r['load']})", flush=True)
         res["raw"] = {str(w): {"entries_per_s": fig([r for r in raw if r["window"] == w], "entries_per_s"),
                                "mb_per_s": fig([r for r in raw if r["window"] == w], "mb_per_s"),
+                               "bookie_cpu_s_per_100k": fig([r for r in raw if r["window"] == w],
+                                                            "bookie_cpu_s_per_100k"),
                                "load": [r["load"] for r in raw if r["window"] == w]} for w in (1, 4)}
         res["raw_runs"] = raw
         cl = worker("client-read", 600, metadata=zc.metadata, entries=a.client_read_entries, size=1024,
@@ -528,7 +536,9 @@ def section_read(a: argparse.Namespace) -> dict[str, Any]:
         res["client"] = {"entries_per_s": fig(cl["runs"], "entries_per_s"), "entries": a.client_read_entries,
                          "runs": cl["runs"]}
     print(f"\nrange read, one bookie: raw window 1 {fmt(res['raw']['1']['entries_per_s'])}, window 4 "
-          f"{fmt(res['raw']['4']['entries_per_s'])} entries/s; client read() {fmt(res['client']['entries_per_s'])}")
+          f"{fmt(res['raw']['4']['entries_per_s'])} entries/s (bookie CPU-s per 100k entries: window 1 "
+          f"{fmt(res['raw']['1']['bookie_cpu_s_per_100k'], 3)}, window 4 {fmt(res['raw']['4']['bookie_cpu_s_per_100k'], 3)});"
+          f" client read() {fmt(res['client']['entries_per_s'])}")
     return res
 
 
