@@ -236,25 +236,30 @@ class ActorLoop(threading.Thread):
             poller.register(s, zmq.POLLIN)
         extra = set(self.extra)
         interval = self.core.tick_interval_s
-        next_tick = self.clock.monotonic() + interval if interval else None
-        while not self.stop_event.is_set():
-            now = self.clock.monotonic()
+        monotonic, poll, stopped = self.clock.monotonic, poller.poll, self.stop_event.is_set
+        now = monotonic()
+        next_tick = now + interval if interval else None
+        while not stopped():
             timeout_ms = 100.0
             if next_tick is not None:
                 timeout_ms = max(0.0, min(timeout_ms, (next_tick - now) * 1000))
             timeout_ms = min(timeout_ms, self.poll_timeout_ms())
             # Rounded up: int() made the last millisecond before each tick a busy loop of poll(0).
-            events = dict(poller.poll(math.ceil(timeout_ms)))
-            now = self.clock.monotonic()
-            for sock in events:
+            events = poll(math.ceil(timeout_ms))
+            now = monotonic()
+            for sock, _ in events:
                 if sock in extra:
                     self.on_extra(sock, now)
                 else:
                     self._drain(sock, now)
-            self.after_batch(self.clock.monotonic())
-            if next_tick is not None and self.clock.monotonic() >= next_tick:
-                self.core.on_tick(self.clock.monotonic())
-                next_tick = self.clock.monotonic() + (interval or 0)
+            now = monotonic()
+            self.after_batch(now)
+            if next_tick is not None:
+                now = monotonic()
+                if now >= next_tick:
+                    self.core.on_tick(now)
+                    now = monotonic()
+                    next_tick = now + (interval or 0)
 
     def poll_timeout_ms(self) -> float:
         return 100.0
