@@ -150,6 +150,25 @@ def test_entries_out_of_order_interleaved_and_large(tmp_path, rng):
     w.close()
 
 
+def test_blobs_of_sparse_runs_do_not_hold_their_run(tmp_path, rng):
+    """Dense runs hand out views of the run (no copy); a run that serves little of what it
+    read (records of other ledgers in between) hands out copies, so a reply waiting in a
+    backlog does not hold much more memory than its entries."""
+    d = str(tmp_path)
+    w = EntryLogWriter([d], 64 * MiB, 4096)
+    dense = _append(w, 1, range(100), 1000, rng)
+    sparse = {}
+    for e in range(100):
+        sparse[e] = (w.append(2, e, rng.randbytes(100)), None)
+        w.append(3, e, rng.randbytes(3000))
+    w.flush()
+    batch = w.read_entries(1, list(range(100)), [dense[e][0] for e in range(100)], 8 * MiB)
+    assert all(isinstance(b, memoryview) for b in batch.blobs)
+    batch = w.read_entries(2, list(range(100)), [sparse[e][0] for e in range(100)], 8 * MiB)
+    assert len(batch.blobs) == 100 and all(isinstance(b, bytes) for b in batch.blobs)
+    w.close()
+
+
 def test_wrong_locations_are_errors_where_they_occur(tmp_path, rng):
     d = str(tmp_path)
     w = EntryLogWriter([d], 64 * MiB, 4096)

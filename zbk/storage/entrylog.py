@@ -246,8 +246,8 @@ def scan_file(path: str) -> Iterator[tuple[int, int, int, bytes]]:
 @dataclass(slots=True)
 class ReadBatch:
     """What :meth:`EntryLogWriter.read_entries` read: the blobs (read-only views into the
-    buffers they were read into: no copies), and why it stopped before the last location
-    (a damaged record, an I/O error), or ``None``."""
+    buffers they were read into, or copies where a buffer served little), and why it
+    stopped before the last location (a damaged record, an I/O error), or ``None``."""
 
     blobs: list[memoryview | bytes]
     error: CorruptDataError | OSError | None = None
@@ -583,6 +583,7 @@ class EntryLogWriter:
         and checked in place: the range read of a ledger written in sequence costs one
         system call per run of records instead of one or two per entry. A record the run
         cannot vouch for (damaged, or not wholly inside the run) goes through :meth:`read`.
+        The blobs are views of the run (no copies), unless the run is mostly other bytes.
         """
         blobs: list[memoryview | bytes] = []
         total = 0
@@ -590,11 +591,14 @@ class EntryLogWriter:
         i = 0
         unpack = _REC.unpack_from
         length_min, length_max = _LENGTH_MIN, _LENGTH_MAX
-        try:
-            while i < n:
-                j, run, base = self._read_run(locations, i)
-                size = len(run)
-                mv = memoryview(run)
+        error: CorruptDataError | OSError | None = None
+        full = False
+        while i < n and error is None and not full:
+            j, run, base = self._read_run(locations, i)
+            size = len(run)
+            mv = memoryview(run)
+            run_first, run_start_total = len(blobs), total
+            try:
                 for loc, entry_id in zip(locations[i:j], entry_ids[i:j], strict=True):
                     at = (loc & OFFSET_MASK) - base  # >= 0: the run starts at its lowest location
                     blob: memoryview | bytes | None = None
@@ -610,12 +614,18 @@ class EntryLogWriter:
                         blob = self.read(loc, ledger_id, entry_id)
                     total += len(blob)
                     if blobs and total > bytes_max:
-                        return ReadBatch(blobs)
+                        total -= len(blob)
+                        full = True
+                        break
                     blobs.append(blob)
-                i = j
-        except (CorruptDataError, OSError) as e:
-            return ReadBatch(blobs, e)
-        return ReadBatch(blobs)
+            except (CorruptDataError, OSError) as e:
+                error = e
+            if 4 * (total - run_start_total) < size:
+                # A sparse run (records far apart, or a small record in a read-ahead guess):
+                # copy its few blobs out so that the reply does not hold the whole run.
+                blobs[run_first:] = [bytes(b) for b in blobs[run_first:]]
+            i = j
+        return ReadBatch(blobs, error)
 
     def _read_run(self, locations: Sequence[int], i: int) -> tuple[int, bytes, int]:
         """One read covering ``locations[i:j]``: returns ``j``, the bytes and their log offset.
