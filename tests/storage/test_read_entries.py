@@ -246,3 +246,29 @@ def test_get_range_raises_for_a_damaged_slot_like_get(tmp_path):
     with pytest.raises(CorruptDataError):
         cache.get(1, 1500)
     cache.close()
+
+
+def test_get_range_of_a_sparse_ledger_checks_absent_slots_too(tmp_path):
+    """A striped ledger's index holds every other slot or so: the absent ones must read
+    (0, 0); anything else there is damage, found by get_range as by get."""
+    d = str(tmp_path)
+    cache = LedgerCache([d])
+    cache.set_master_key(1, b"k")
+    for e in range(0, 3000, 3):
+        cache.put(1, e, make_location(1, 24 + 100 * e))
+    cache.flush()
+    want = [make_location(1, 24 + 100 * e) if e % 3 == 0 else None for e in range(3000)]
+    cache.close()
+    cache = LedgerCache([d])
+    assert cache.get_range(1, 0, 3000) == want
+    path = cache._ledgers[1].path
+    cache.close()
+    flip_byte(path, INDEX_HEADER_BYTES + 1201 * SLOT_BYTES + 12)  # an absent slot's check word
+    cache = LedgerCache([d])
+    assert cache.get_range(1, 0, 1201) == want[:1201]
+    with pytest.raises(CorruptDataError) as err:
+        cache.get_range(1, 1100, 500)
+    assert err.value.offset == INDEX_HEADER_BYTES + 1201 * SLOT_BYTES
+    with pytest.raises(CorruptDataError):
+        cache.get(1, 1201)
+    cache.close()

@@ -217,17 +217,32 @@ def slot_locations(page: array.array[int], page_no: int, lo: int, hi: int, path:
     """The locations in slots ``lo <= i < hi`` of page ``page_no`` (``None`` where absent), each
     checked as :func:`slot_location` checks one; the first damaged slot raises CorruptDataError.
 
-    A range read looks up thousands of slots: when every slot of the range holds a location
-    (the common case) the checks run at once, as xors of the whole range taken as big ints
-    (lane k of ``locations ^ checks ^ low keys ^ page base`` is zero iff slot k passes).
-    Otherwise the slots are checked one by one, so an absent or damaged slot is answered
-    exactly as :func:`slot_location` answers it."""
+    A range read looks up thousands of slots, so the checks run on the whole range at once:
+    the check word every slot must hold (``location ^ entry id ^ SLOT_KEY``, or 0 where the
+    location is 0) is computed as xors of big ints whose 64-bit lanes are the slots, and
+    compared with the check words in C. Only when that fails are the slots checked one by
+    one, so a damaged slot is reported exactly as :func:`slot_location` reports it."""
+    n = hi - lo
     locations = page[2 * lo:2 * hi:2]
+    checks = page[2 * lo + 1:2 * hi:2]
     out: list[int | None] = locations.tolist()  # type: ignore[assignment]
+    want = _lanes(locations) ^ _lanes(_LOW_KEYS[lo:hi]) ^ _lanes(array.array("Q", [page_no * PAGE_ENTRIES]) * n)
     if 0 not in out:
-        base = array.array("Q", [page_no * PAGE_ENTRIES]) * (hi - lo)
-        if _lanes(locations) ^ _lanes(page[2 * lo + 1:2 * hi:2]) ^ _lanes(_LOW_KEYS[lo:hi]) ^ _lanes(base) == 0:
-            return out
+        ok = want == _lanes(checks)
+    else:  # absent slots (a sparse range, or its end): their check word must be 0 too
+        expected = array.array("Q")
+        expected.frombytes(want.to_bytes(8 * n, sys.byteorder))
+        i = out.index(0)
+        while True:
+            expected[i] = 0
+            out[i] = None
+            try:
+                i = out.index(0, i + 1)
+            except ValueError:
+                break
+        ok = expected == checks
+    if ok:
+        return out
     first = page_no * PAGE_ENTRIES
     return [slot_location(page, first + i, path) for i in range(lo, hi)]
 
