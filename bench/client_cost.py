@@ -1,0 +1,152 @@
+"""Client cost of appends: CPU seconds per 100,000 entries in the client and in the bookies,
+next to entries/s, for 1 and for many concurrently written ledgers (performance issue #8).
+
+3 bookies (loopback, embedded metadata, journal fsynced), E3 WQ3 AQ2 ledgers, 1 KiB
+entries, ``--window`` appends in flight in total, round-robin over N ledgers (as
+``bench/scale.py --only ledgers``). Each measurement runs in a fresh client process after
+a 1 s warm-up; CPU is user+system time of the client process and of the three bookie
+processes over the measured seconds (wall-clock rates are noisy on a shared machine; CPU
+per entry much less so).
+
+``--client-root DIR`` runs the clients from another tree of the zbk package, alternating with
+this one (A/B against the same bookies), e.g. the client before a change:
+
+    mkdir -p /tmp/zbk-old && git archive <rev> zbk | tar -x -C /tmp/zbk-old
+    .venv/bin/python bench/client_cost.py --counts 1,10000 --rounds 2 --client-root /tmp/zbk-old
+
+``--profile PREFIX`` records the measured part of every client run with py-spy
+(``--gil``, raw; summarize with bench/profile_top.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _procs import ZbkCluster, cpu_seconds, install_signal_handlers, loadavg, pct, run_json  # noqa: E402
+
+PASSWORD = b"zbk-client-cost"
+
+
+async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
+    from zbk.client.bookkeeper import AsyncBookKeeper
+
+    counts = [int(x) for x in a.counts.split(",")]
+    payload = os.urandom(1024)
+    pids = [int(x) for x in a.pids.split(",")]
+    out: list[dict[str, Any]] = []
+    async with AsyncBookKeeper(a.metadata) as bk:
+        sem = asyncio.Semaphore(32)
+        handles: list[Any] = []
+
+        async def create() -> None:
+            async with sem:
+                handles.append(await bk.create_ledger(3, 3, 2, password=PASSWORD))
+
+        await asyncio.gather(*(create() for _ in range(max(counts))))
+        touch = asyncio.Semaphore(100)
+
+        async def first(h: Any) -> None:  # a bookie learns of a ledger at its first add
+            async with touch:
+                await h.append(payload)
+
+        await asyncio.gather(*(first(h) for h in handles))
+
+        async def run(n: int, seconds: float, profile: str) -> dict[str, Any]:
+            window = asyncio.Semaphore(a.window)
+            lat: list[float] = []
+            done = 0
+
+            def finished(start: float, fut: asyncio.Future[int]) -> None:
+                nonlocal done
+                window.release()
+                if fut.exception() is None:
+                    lat.append(time.perf_counter() - start)
+                    done += 1
+
+            spy = None
+            if profile:
+                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(os.getpid()),
+                                        "--format", "raw", "--gil", "--rate", "250", "-o", profile,
+                                        "--duration", str(int(seconds))],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                await asyncio.sleep(0.5)
+            load = loadavg()
+            cpu0, bcpu0 = time.process_time(), sum(cpu_seconds(p) for p in pids)
+            t0 = time.perf_counter()
+            k = 0
+            hs = handles[:n]
+            while time.perf_counter() - t0 < seconds:
+                await window.acquire()
+                fut = hs[k % n].append(payload)
+                k += 1
+                fut.add_done_callback(functools.partial(finished, time.perf_counter()))
+            for _ in range(a.window):
+                await window.acquire()
+            elapsed = time.perf_counter() - t0
+            client_s, bookie_s = time.process_time() - cpu0, sum(cpu_seconds(p) for p in pids) - bcpu0
+            if spy is not None:
+                spy.wait()
+            lat.sort()
+            return {"ledgers": n, "entries_per_s": round(done / elapsed), "client_cpu_s_per_100k": round(client_s / done * 1e5, 2),
+                    "bookie_cpu_s_per_100k": round(bookie_s / done * 1e5, 2), "p50_ms": round(pct(lat, 0.5) * 1000, 1),
+                    "p99_ms": round(pct(lat, 0.99) * 1000, 1), "load": load}
+
+        for n in counts:
+            await run(n, 1.0, "")
+            r = await run(n, a.seconds, f"{a.profile}-{n}.txt" if a.profile else "")
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            out.append(r)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--counts", default="1,10000", help="ledger counts, comma-separated")
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--client-root", help="also run clients from this tree (a copy of the zbk package's parent)")
+    ap.add_argument("--profile", metavar="PREFIX", help="py-spy the measured part of each client run")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--metadata", help=argparse.SUPPRESS)
+    ap.add_argument("--pids", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps({"runs": asyncio.run(_measure(a))}))
+        return 0
+    install_signal_handlers(3600)
+    print(f"load {loadavg()}", flush=True)
+    variants = [("this", None)] + ([("other", a.client_root)] if a.client_root else [])
+    results: list[dict[str, Any]] = []
+    with ZbkCluster(3) as zc:
+        for rnd in range(a.rounds):
+            for name, root in (variants if rnd % 2 == 0 else variants[::-1]):
+                # The worker imports zbk from ``root`` when given (PYTHONPATH for it alone).
+                pre = [] if root is None else ["-c", f"import sys; sys.path.insert(0, {root!r}); sys.argv = sys.argv[1:]; "
+                                                     f"import runpy; runpy.run_path(sys.argv[0], run_name='__main__')"]
+                argv = [sys.executable, *pre, os.path.abspath(__file__), "--worker", "--metadata", zc.metadata,
+                        "--pids", ",".join(str(b.pid) for b in zc.bookies), "--counts", a.counts,
+                        "--seconds", str(a.seconds), "--window", str(a.window)]
+                if a.profile:
+                    argv += ["--profile", f"{a.profile}-{name}-r{rnd}"]
+                for r in run_json(argv, 1800)["runs"]:
+                    r.update(client=name, round=rnd)
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+    print(f"load {loadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
