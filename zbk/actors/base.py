@@ -11,19 +11,10 @@ from one peer is the order they were sent (ZeroMQ keeps FIFO per pipe, but fair-
 across pipes). Ordering arguments in zbk/actors/messages.py rely on it.
 
 Hand-over, not copies. All actors of a bookie live in one process, so a message is not
-serialized: each (sender, receiver) pipe has a :class:`Pipe`, a FIFO queue of message
-objects shared by both ends (per bookie instance, see :func:`handoff_for`). The sender
-appends the message to the queue and, unless a wake-up is already on its way, sends an
-empty frame over the inproc pipe; the receiver, woken by that frame in its zmq poll, takes
-every message queued so far, in order. So the order of messages from one peer is their
-send order, an actor still sleeps in zmq poll until a peer has something for it, no
-pickling happens, and a burst of messages costs one frame instead of one frame each.
-
-No lost wake-up: the sender appends, then sends a frame if ``armed`` is false (and sets
-it); the receiver, after taking a frame off the pipe, clears ``armed`` and only then looks
-at the queue, taking everything it holds at that moment. A message appended before the
-clear is in the queue when the receiver looks; one appended after it finds ``armed``
-false, or set again by a sender who then sent another frame, and so has a frame coming.
+serialized: the sender parks the object in the bookie's :class:`Handoff` table under a
+fresh key and sends the 8-byte key over the pipe; the receiver pops the object when the
+frame arrives. The pipe still carries one frame per message (so ordering and wake-ups are
+exactly those of the pipes), but no pickling happens and no payload bytes are copied.
 
 THE RULE: a message, and everything reachable from it (its lists, dicts, tuples), belongs
 to the receiver once it is sent. The sender must not mutate or reuse it afterwards, and
@@ -41,10 +32,10 @@ to the supervisor, which exits the process with the actor's distinct exit code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,7 +44,6 @@ import zmq
 from zbk.clock import Clock
 
 log = logging.getLogger(__name__)
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Outbox(Protocol):
@@ -94,35 +84,34 @@ def pipe_address(instance: str, sender: str, receiver: str) -> str:
     return f"inproc://zbk-{instance}-{sender}-to-{receiver}"
 
 
-class Pipe:
-    """The message queue of one (sender, receiver) pipe; ``armed``: a wake-up frame for it
-    is on the inproc pipe (see the module docstring for why no wake-up is lost)."""
-
-    __slots__ = ("queue", "armed")
-
-    def __init__(self) -> None:
-        self.queue: deque[Any] = deque()
-        self.armed = False
+_keys = itertools.count(1)  # process-wide, so a key is never reused while its object waits
 
 
 class Handoff:
-    """The :class:`Pipe` objects of one bookie instance, shared by senders and receivers."""
+    """Message objects in transit between the actors of one bookie (see the module docstring).
+
+    ``park`` stores an object and returns the frame to send (its key, 8 bytes little-endian);
+    ``take`` pops the object a received frame names. Both are single dict operations, atomic
+    under the GIL, so any thread may park and the receiving loop takes. The table is per
+    bookie instance (:func:`handoff_for`); objects still parked when a bookie stops (sent but
+    never received) go with it (:func:`drop_handoff`).
+    """
+
+    __slots__ = ("objects",)
 
     def __init__(self) -> None:
-        self._pipes: dict[tuple[str, str], Pipe] = {}
-        self._lock = threading.Lock()
+        self.objects: dict[int, Any] = {}
 
-    def pipe(self, sender: str, receiver: str) -> Pipe:
-        with self._lock:
-            p = self._pipes.get((sender, receiver))
-            if p is None:
-                p = self._pipes[(sender, receiver)] = Pipe()
-            return p
+    def park(self, msg: Any) -> bytes:
+        key = next(_keys)
+        self.objects[key] = msg
+        return key.to_bytes(8, "little")
 
-    def queued(self) -> int:
-        """Messages sent and not yet taken, over all pipes (tests, diagnostics)."""
-        with self._lock:
-            return sum(len(p.queue) for p in self._pipes.values())
+    def take(self, frame: bytes) -> Any:
+        return self.objects.pop(int.from_bytes(frame, "little"))
+
+    def __len__(self) -> int:
+        return len(self.objects)
 
 
 _handoffs: dict[str, Handoff] = {}
@@ -130,7 +119,7 @@ _handoffs_lock = threading.Lock()
 
 
 def handoff_for(instance: str) -> Handoff:
-    """The pipes of one bookie instance (created on first use)."""
+    """The hand-over table of one bookie instance (created on first use)."""
     with _handoffs_lock:
         h = _handoffs.get(instance)
         if h is None:
@@ -139,36 +128,39 @@ def handoff_for(instance: str) -> Handoff:
 
 
 def drop_handoff(instance: str) -> None:
-    """Forget an instance's pipes once its actors have stopped (what is still queued there
-    was never received)."""
+    """Forget an instance's table once its actors have stopped."""
     with _handoffs_lock:
         _handoffs.pop(instance, None)
 
 
+def send_message(sock: zmq.Socket[Any], handoff: Handoff, msg: Any) -> None:
+    """Hand ``msg`` over a PUSH socket connected to an actor's inbound pipe (for senders that
+    are not actors, e.g. the admin HTTP handlers; the rule of the module docstring applies)."""
+    sock.send(handoff.park(msg), copy=True)
+
+
 class SocketOutbox:
-    """One PUSH socket per destination, connected to the inproc pipe the receiver's loop
-    bound, and that pipe's message queue. Not thread-safe: one sending thread (or a lock)."""
+    """PUSH sockets, one per destination, each bound by the receiver's loop."""
 
     def __init__(self, ctx: zmq.Context[Any], instance: str, sender: str, peers: list[str]) -> None:
-        self._dests: dict[str, tuple[Pipe, zmq.Socket[Any]]] = {}
-        handoff = handoff_for(instance)
+        self._socks: dict[str, zmq.Socket[Any]] = {}
+        self._objects = handoff_for(instance).objects
         for peer in peers:
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)  # inproc between our own actors: bounded upstream instead
             s.setsockopt(zmq.LINGER, 0)
             s.connect(pipe_address(instance, sender, peer))
-            self._dests[peer] = (handoff.pipe(sender, peer), s)
+            self._socks[peer] = s
 
     def send(self, dest: str, msg: Any) -> None:
-        # From here on the message belongs to the receiver: see "THE RULE" above.
-        pipe, sock = self._dests[dest]
-        pipe.queue.append(msg)
-        if not pipe.armed:
-            pipe.armed = True
-            sock.send(b"", copy=True)
+        # Handoff.park, inlined (this is the hottest call of the bookie). From here on the
+        # message belongs to the receiver: see "THE RULE" in the module docstring.
+        key = next(_keys)
+        self._objects[key] = msg
+        self._socks[dest].send(key.to_bytes(8, "little"), copy=True)
 
     def close(self) -> None:
-        for _, s in self._dests.values():
+        for s in self._socks.values():
             s.close(0)
 
 
@@ -185,16 +177,14 @@ class ActorLoop(threading.Thread):
         self.ctx, self.instance, self.core, self.clock = ctx, instance, core, clock
         self.on_crash, self.stop_event = on_crash, stop
         self.inbound: list[zmq.Socket[Any]] = []
-        self.pipes: dict[zmq.Socket[Any], Pipe] = {}
-        handoff = handoff_for(instance)
         for sender in senders:  # bind before any peer connects (inproc needs bind first on old libzmq)
             s = ctx.socket(zmq.PULL)
             s.setsockopt(zmq.RCVHWM, 0)
             s.setsockopt(zmq.LINGER, 0)
             s.bind(pipe_address(instance, sender, core.name))
             self.inbound.append(s)
-            self.pipes[s] = handoff.pipe(sender, core.name)
         self.peers = peers
+        self.handoff = handoff_for(instance)
         self.outbox: SocketOutbox | None = None
         self.extra: list[zmq.Socket[Any]] = []
         self.ready = threading.Event()
@@ -264,18 +254,15 @@ class ActorLoop(threading.Thread):
     def poll_timeout_ms(self) -> float:
         return 100.0
 
-    def _drain(self, sock: zmq.Socket[Any], now: float) -> None:
-        """The pipe's wake-up frame is here (poll said so): take it, clear ``armed``, then
-        every message queued at this moment (later ones have a wake-up frame of their own
-        coming, see the module docstring)."""
-        sock.recv(_NOBLOCK, copy=True)
-        pipe = self.pipes[sock]
-        pipe.armed = False
-        queue = pipe.queue
-        take = queue.popleft
+    def _drain(self, sock: zmq.Socket[Any], now: float, budget: int = 1024) -> None:
+        recv, take = sock.recv, self.handoff.objects.pop
         on_message, after_message = self.core.on_message, self.after_message
-        for _ in range(len(queue)):
-            on_message(take(), now)
+        for _ in range(budget):
+            try:
+                key = recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            on_message(take(int.from_bytes(key, "little")), now)
             after_message()
 
     def after_message(self) -> None:

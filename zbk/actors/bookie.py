@@ -32,7 +32,7 @@ from typing import Any
 
 import zmq
 
-from zbk.actors.base import ActorLoop, SocketOutbox, drop_handoff
+from zbk.actors.base import ActorLoop, drop_handoff, handoff_for, pipe_address, send_message
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings, GcStateFile
 from zbk.actors.indexsyncer import IndexCore
@@ -311,9 +311,11 @@ class Bookie:
             loop.ready.wait(10)
         if self.crashed:
             raise RuntimeError(f"actor {self.crashed} failed to start")
-        # Admin HTTP handlers -> Server (read-only state) and -> GarbageCollector (POST gc).
-        self.admin = SocketOutbox(self.ctx, instance, "admin", ["server", "gc"])
+        self.admin = self.ctx.socket(zmq.PUSH)
+        self.admin.connect(f"inproc://zbk-{instance}-admin-to-server")
         self.admin_lock = threading.Lock()  # HTTP handlers run on many threads; a socket is not thread-safe
+        self.admin_gc = self.ctx.socket(zmq.PUSH)  # POST /api/v1/bookie/gc -> GarbageCollector
+        self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
         self._register(read_only=self.server.read_only)
         if cfg.autorecovery_enabled:
@@ -412,7 +414,7 @@ class Bookie:
         if want not in ("readonly", "writable"):
             raise HttpError(400, 'body must be {"state": "readonly" | "writable"}')
         with self.admin_lock:
-            self.admin.send("server", ("admin", "read_only", want == "readonly"))
+            send_message(self.admin, handoff_for(self.instance), ("admin", "read_only", want == "readonly"))
         return {"state": want}
 
     def _make_gc(self) -> GcCore:
@@ -441,7 +443,7 @@ class Bookie:
         if not all(isinstance(v, bool) for v in flags.values()):
             raise HttpError(400, 'body must be {"major": bool, "minor": bool}')
         with self.admin_lock:
-            self.admin.send("gc", GcTrigger(**flags))
+            send_message(self.admin_gc, handoff_for(self.instance), GcTrigger(**flags))
         return {"triggered": True, **flags}
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
@@ -469,7 +471,7 @@ class Bookie:
         if self.http is not None:
             self.http.stop()
         if self.ctx is not None:
-            drop_handoff(self.instance)  # messages still queued there were never received
+            drop_handoff(self.instance)  # messages still parked there were never received
         if self.crashed:
             log.error("bookie stopped because actor %s crashed: dirty marker left set", self.crashed)
             return
