@@ -660,7 +660,8 @@ class EntryLogWriter:
         if in_buffer:  # a copy: the write buffer changes, the views handed out must not
             assert lg is not None
             start = base - lg.written
-            return j, bytes(lg.buf[start:start + want]), base
+            with memoryview(lg.buf) as buf:  # one copy (a bytearray slice would be a second)
+                return j, bytes(buf[start:start + want]), base
         fd = self._read_fd(log_id) if lg is None else lg.fd
         return j, os.pread(fd, want, base), base
 
