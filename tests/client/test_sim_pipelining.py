@@ -16,7 +16,7 @@ from typing import Any
 
 from zbk.client.digest import master_key
 from zbk.client.handles import LedgerHandle
-from zbk.errors import UnauthorizedError
+from zbk.errors import BookieUnavailableError, UnauthorizedError
 from zbk.wire import messages as w
 from zbk.wire.entry import peek_entry_header
 from zbk.wire.ops import AddFlag
@@ -171,5 +171,26 @@ def test_adds_of_many_ledgers_share_one_message_and_a_wrong_password_fails_only_
                 await h.close()
                 assert await check_persistence(c, h.ledger_id, PW, logs[i]) == []
         assert not any(b.ledgers[bad.ledger_id].entries for b in c.bookies.values())
+
+    sim.run(scenario())
+
+
+def test_closing_the_client_with_adds_in_flight_fails_them_without_ensemble_changes() -> None:
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=4)
+        writer = c.client("writer")
+        handles: list[LedgerHandle] = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(3)]
+        for b in c.bookies.values():
+            b.pause()  # nothing answers: every add is in flight when the client closes
+        futs = [h.append(payload(seed, h.ledger_id, 0)) for h in handles]
+        await asyncio.sleep(0.01)
+        writes = c.stats.metadata_writes
+        await writer.close()
+        await asyncio.sleep(1.0)
+        for f in futs:
+            assert f.done() and isinstance(f.exception(), BookieUnavailableError)
+        assert c.stats.metadata_writes == writes and c.stats.ensemble_changes == 0
 
     sim.run(scenario())

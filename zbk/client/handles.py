@@ -465,6 +465,10 @@ class LedgerHandle(ReadHandle):
         """The request carrying ``adds`` to ``bookie`` got no answer (or the transport refused it)."""
         if isinstance(err, UnauthorizedError):  # CURVE: this client's key is refused
             self._fail(err)
+        elif getattr(self.ctx.transport, "closed", False):
+            # The client is shutting down (its requests fail with "client closed"): no
+            # ensemble change, which would only go to metadata for every open ledger.
+            self._fail(err if isinstance(err, ZbkError) else BookieUnavailableError(str(err)))
         else:
             self._bookie_failed(bookie, adds, str(err))
 
