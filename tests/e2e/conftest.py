@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.bookie import BookieProcess
+from helpers.bookie import BookieProcess, wait_registered
 
 
 class Cluster:
@@ -18,7 +18,15 @@ class Cluster:
             b.start(wait=False)
         for b in self.bookies:
             b.wait_ready()
+        self.wait_registered()
         return self
+
+    def wait_registered(self, timeout_s: float = 30.0) -> None:
+        """Until every running bookie is registered as writable: a bookie answers requests a
+        moment before its registration is in the metadata, and create_ledger only counts
+        registered bookies."""
+        wait_registered(self.uri, [b.bookie_id for b in self.bookies if b.proc and b.proc.poll() is None],
+                        timeout_s=timeout_s)
 
     def by_id(self, bookie_id: str) -> BookieProcess:
         return next(b for b in self.bookies if b.bookie_id == bookie_id)

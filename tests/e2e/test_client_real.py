@@ -64,7 +64,11 @@ def test_write_through_a_bookie_kill(cluster):
 def test_seeds_example_writer_of_12_is_fenced(cluster):
     """E=3 WQ=2 AQ=2; 0..11 acknowledged; 12 reaches one bookie only; a reader recovers."""
     c = cluster(4)
-    writer = zbk.BookKeeper(c.uri, config=ClientConfig(add_timeout_ms=4000, read_timeout_ms=4000))
+    # The writer learns it was fenced when its add of 12 times out on the paused bookie and
+    # its ensemble change finds the ledger in recovery: that timeout must be longer than the
+    # reader needs to mark the ledger in recovery, or (on a loaded machine) the writer
+    # replaces the paused bookie first and entry 12 is legitimately confirmed.
+    writer = zbk.BookKeeper(c.uri, config=ClientConfig(add_timeout_ms=15_000, read_timeout_ms=4000))
     try:
         lh = writer.create_ledger(3, 2, 2, password=PW)
         for i in range(12):
@@ -81,7 +85,7 @@ def test_seeds_example_writer_of_12_is_fenced(cluster):
                 assert rh.is_closed and last in (11, 12), last
                 assert [e.payload for e in rh.read(0, last)] == [data(i) for i in range(last + 1)]
             with pytest.raises(LedgerFencedError):
-                fut12.result(30)
+                fut12.result(60)
             with pytest.raises(LedgerFencedError):
                 lh.append(data(13))
         finally:
@@ -221,6 +225,7 @@ def test_deferred_sync_force_makes_entries_durable_and_advances_the_lac(cluster)
             b.start(wait=False)
         for b in c.bookies:
             b.wait_ready()
+        c.wait_registered()
         rh = bk.open_ledger(lid, password=PW)
         assert rh.metadata.last_entry_id >= 299
         assert [e.payload for e in rh.read(0, 299)] == [data(i) for i in range(300)]

@@ -91,6 +91,25 @@ class BookieProcess:
         return tail(self.log, lines)
 
 
+def wait_registered(metadata_uri: str, bookie_ids: list[str], timeout_s: float = 30.0) -> None:
+    """Until every one of ``bookie_ids`` is registered as writable in the metadata."""
+    from zbk.metadata.registry import list_bookies
+    from zbk.metadata.uri import open_store
+
+    store = open_store(metadata_uri)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = set(bookie_ids) - {r.bookie_id for r in list_bookies(store)}
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"bookies not registered as writable in {timeout_s}s: {sorted(missing)}")
+            time.sleep(0.05)
+    finally:
+        store.close()
+
+
 def pause(b: BookieProcess) -> None:
     """SIGSTOP: the bookie hangs (its sockets stay open, nothing answers)."""
     assert b.proc is not None
