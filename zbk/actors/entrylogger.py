@@ -89,23 +89,27 @@ class EntryLoggerCore:
 
     def _append(self, msg: AppendBatch) -> None:
         assert self.outbox is not None
-        lid, append = msg.ledger_id, self.logs.append
+        lid, append, lids = msg.ledger_id, self.logs.append, msg.ledger_ids
         locations: list[int] = []
         try:
-            for eid, blob in zip(msg.entry_ids, msg.blobs, strict=True):
-                locations.append(append(lid, eid, blob))
+            if lids is None:
+                for eid, blob in zip(msg.entry_ids, msg.blobs, strict=True):
+                    locations.append(append(lid, eid, blob))
+            else:  # MULTI_ADD: several ledgers' entries in one batch
+                for lid, eid, blob in zip(lids, msg.entry_ids, msg.blobs, strict=True):
+                    locations.append(append(lid, eid, blob))
         except OSError as e:
             # A failed append is reported, never half-acknowledged: the Server answers the
             # whole batch with an error (and turns read-only on ENOSPC).
             log.error("entrylogger: append to ledger %d failed: %s", lid, e)
-            self.outbox.send("server", Appended(msg.batch_id, lid, msg.entry_ids, [], error=str(e),
-                                                no_space=e.errno == errno.ENOSPC))
+            self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, [], error=str(e),
+                                                no_space=e.errno == errno.ENOSPC, ledger_ids=lids))
             return
         # The journal record first: its write and fsync are the longest step of an add, and
         # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
-            self.outbox.send("journal", JournalAppend(msg.batch_id, lid, msg.entry_ids, msg.blobs))
-        self.outbox.send("server", Appended(msg.batch_id, lid, msg.entry_ids, locations))
+            self.outbox.send("journal", JournalAppend(msg.batch_id, msg.ledger_id, msg.entry_ids, msg.blobs, lids))
+        self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, locations, ledger_ids=lids))
         m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
 
     def _read(self, msg: ReadLocations) -> None:

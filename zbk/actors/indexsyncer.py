@@ -63,8 +63,12 @@ class IndexCore:
         cache = self.cache
         if isinstance(msg, IndexPut):
             put, lid = cache.put, msg.ledger_id
-            for eid, loc in zip(msg.entry_ids, msg.locations, strict=True):
-                put(lid, eid, loc)
+            if msg.ledger_ids is None:
+                for eid, loc in zip(msg.entry_ids, msg.locations, strict=True):
+                    put(lid, eid, loc)
+            else:  # MULTI_ADD: several ledgers' entries in one put
+                for lid, eid, loc in zip(msg.ledger_ids, msg.entry_ids, msg.locations, strict=True):
+                    put(lid, eid, loc)
             if cache.needs_flush:
                 self.start_checkpoint(now)
         elif isinstance(msg, Lookup):

@@ -30,6 +30,11 @@ Who sends what to whom, and why the order is safe:
    before their journal record, hence before M was computed, hence before Checkpoint(M) on
    the same pipe. So when the IndexSyncer persists lastMark = M, everything before M is in
    fsynced logs and index.
+3. MULTI_ADD travels as one unit: the accepted parts of one request are one AppendBatch
+   (with ``ledger_ids``, one per entry), hence one Appended, one JournalAppend and one
+   IndexPut, on the same pipes and in the same steps as a one-ledger batch. Arguments 1
+   and 2 hold per entry exactly as before; the master-key records of the request's new
+   ledgers are one JournalMeta, sent (after their HeaderUpdates) before the AppendBatch.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class AppendBatch:
     batch_id: int
-    ledger_id: int
+    ledger_id: int  # -1 when ``ledger_ids`` is set
     entry_ids: list[int]
     blobs: list[bytes]
     journal: bool  # False with journal_write_data = false (BP-46)
+    ledger_ids: list[int] | None = None  # MULTI_ADD: each entry's ledger (argument 3 above)
 
 
 @dataclass(slots=True)
@@ -55,6 +61,7 @@ class Appended:
     locations: list[int]
     error: str = ""  # non-empty: the append failed (disk full, I/O error)
     no_space: bool = False
+    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
@@ -63,6 +70,7 @@ class JournalAppend:
     ledger_id: int
     entry_ids: list[int]
     blobs: list[bytes]
+    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
@@ -94,6 +102,7 @@ class IndexPut:
     ledger_id: int
     entry_ids: list[int]
     locations: list[int]
+    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)

@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cbor2
-
 from zbk import limits
 from zbk.actors.base import Outbox
 from zbk.actors.messages import (
@@ -95,6 +93,11 @@ class PendingAdd:
     appended: bool = False
     synced: bool = False
     failed: Status | None = None
+    # MULTI_ADD (one PendingAdd for the whole request): the accepted parts as (part index,
+    # ledger id, entry ids, max LAC), and every part's status so far (refused parts are set
+    # already; accepted ones are EOK until the request completes). None for ADD_ENTRY.
+    parts: list[tuple[int, int, list[int], int]] | None = None
+    statuses: bytearray | None = None
 
 
 @dataclass(slots=True)
@@ -206,33 +209,62 @@ class ServerCore:
         handler(self, ident, req, now)
 
     # MULTI_ADD (client-side coalescing, performance issue #8) ------------------------------
-    # Each part runs the ADD_ENTRY path unchanged, as if it came alone, under a stand-in
-    # ident (_Part); the replies addressed to a _Part are collected, and the last one sends
-    # the single MultiAddResponse to the real peer.
-    @property
-    def reply(self) -> Reply:
-        return self._route_reply
-
-    @reply.setter
-    def reply(self, fn: Reply) -> None:
-        self._net_reply = fn
-
-    def _route_reply(self, ident: Any, frames: list[Any]) -> None:
-        if type(ident) is _Part:
-            ident.multi.answer(ident.index, frames)
-        else:
-            self._net_reply(ident, frames)
-
+    # Each part is checked exactly as an ADD_ENTRY would be (_admit_add) and gets its own
+    # status; the accepted parts then travel the actors as ONE unit: one AppendBatch with a
+    # ledger id per entry, one Appended, one group of journal records, one IndexPut, and one
+    # MultiAddResponse once all of them are indexed and (if any part needs it) fsynced.
+    # The request counts as one pending request; its parts' bytes count against the byte
+    # bound one by one (a part beyond it is ETOOMANYREQUESTS, the others go on).
     def _on_multi_add(self, ident: bytes, req: w.MultiAddRequest, now: float) -> None:
-        multi = _MultiAdd(self, ident, req.rid, len(req.parts))
-        for i, part in enumerate(req.parts):
-            if self._overloaded(part):
+        parts = req.parts
+        statuses = bytearray(len(parts))
+        if self.in_flight >= self.pending_requests_max:
+            m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc(len(parts))
+            self._reply_multi(ident, req.rid, bytearray([int(Status.ETOOMANYREQUESTS)]) * len(parts))
+            return
+        accepted: list[tuple[int, int, list[int], int]] = []
+        lids: list[int] = []
+        eids: list[int] = []
+        blobs: list[bytes] = []
+        meta: list[tuple[int, int, int, bytes]] = []
+        need_sync = False
+        nbytes = 0
+        bytes_max = self.pending_add_bytes_max
+        for i, part in enumerate(parts):
+            pb = _blob_bytes(part)
+            if self.add_bytes + nbytes > 0 and self.add_bytes + nbytes + pb > bytes_max:
                 m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
-                multi.statuses[i] = Status.ETOOMANYREQUESTS
-                multi.left -= 1
-            else:
-                self._on_add(_Part(multi, i), part, now)  # type: ignore[arg-type]
-        multi.maybe_done()
+                statuses[i] = int(Status.ETOOMANYREQUESTS)
+                continue
+            admitted = self._admit_add(part, meta)
+            if isinstance(admitted, Status):
+                m.REQUESTS_TOTAL.labels("add", admitted.name).inc()
+                statuses[i] = int(admitted)
+                continue
+            entry_ids, max_lac, sync = admitted
+            need_sync = need_sync or sync
+            nbytes += pb
+            lid = part.ledger_id
+            accepted.append((i, lid, entry_ids, max_lac))
+            lids.extend([lid] * len(entry_ids))
+            eids.extend(entry_ids)
+            blobs.extend([bytes(b) for b in part.entries])
+        if not accepted:
+            self._reply_multi(ident, req.rid, statuses)
+            return
+        batch = self._next()
+        assert self.outbox is not None
+        if meta:  # the master keys of the request's new ledgers: durable before the ack
+            self.outbox.send("journal", JournalMeta(batch, meta))
+            need_sync = True
+        self.add_bytes += nbytes
+        self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
+                                      parts=accepted, statuses=statuses)
+        self.outbox.send("entrylogger", AppendBatch(batch, -1, eids, blobs, self.journal_write_data, lids))
+
+    def _reply_multi(self, ident: bytes, rid: int, statuses: bytearray) -> None:
+        self.reply(ident, encode(w.MultiAddResponse(rid=rid, status=Status.EOK,
+                                                    statuses=[Status(s) for s in statuses])))
 
     @property
     def in_flight(self) -> int:
@@ -296,41 +328,48 @@ class ServerCore:
         return state
 
     # ADD_ENTRY ---------------------------------------------------------------------------
-    def _on_add(self, ident: bytes, req: w.AddRequest, now: float) -> None:
+    def _admit_add(self, req: w.AddRequest,
+                   meta: list[tuple[int, int, int, bytes]]) -> tuple[list[int], int, bool] | Status:
+        """The checks of an add (read-only, master key, fencing, entry headers). Refused: the
+        status to answer, and nothing changed. Accepted: (entry ids, max LAC, whether the ack
+        waits for the journal fsync); a new ledger's state is created and its master-key
+        record appended to ``meta`` (the caller journals ``meta`` before the entries)."""
         if self.read_only:  # recovery adds too: a full disk takes no more writes (limbo repair is local)
-            self._error(ident, req, Status.EREADONLY)
-            return
+            return Status.EREADONLY
         lid = req.ledger_id
         state = self.ledgers.get(lid)
         if not self._check_key(state, req.master_key):
-            self._error(ident, req, Status.EUA)
-            return
+            return Status.EUA
         flags = int(req.flags)  # int ops: IntFlag's & is Python code
-        recovery = bool(flags & _RECOVERY_ADD)
-        if state is not None and state.fenced and not recovery:
-            self._error(ident, req, Status.EFENCED)
-            return
+        if state is not None and state.fenced and not flags & _RECOVERY_ADD:
+            return Status.EFENCED  # a limbo ledger is fenced too (BP-46 phase one)
         entry_ids: list[int] = []
         max_lac = -1
         for blob in req.entries:
             try:
                 b_lid, eid, lac = peek_entry_header(blob)
             except FrameError:
-                self._error(ident, req, Status.EBADREQ)
-                return
+                return Status.EBADREQ
             if b_lid != lid or not 0 <= eid <= limits.entry_id_max:
-                self._error(ident, req, Status.EBADREQ)
-                return
+                return Status.EBADREQ
             entry_ids.append(eid)
             if lac > max_lac:
                 max_lac = lac
-        meta: list[tuple[int, int, int, bytes]] = []
-        state = self._ensure_ledger(lid, req.master_key, meta)
-        batch = self._next()
-        assert self.outbox is not None
+        self._ensure_ledger(lid, req.master_key, meta)
         # DEFERRED_SYNC: acknowledged once appended; durable after the next group commit,
         # and certainly after a FORCE_LEDGER (which queues behind this add's records).
-        need_sync = self.journal_write_data and not (flags & _DEFERRED_SYNC)
+        return entry_ids, max_lac, self.journal_write_data and not (flags & _DEFERRED_SYNC)
+
+    def _on_add(self, ident: bytes, req: w.AddRequest, now: float) -> None:
+        meta: list[tuple[int, int, int, bytes]] = []
+        admitted = self._admit_add(req, meta)
+        if isinstance(admitted, Status):
+            self._error(ident, req, admitted)
+            return
+        entry_ids, max_lac, need_sync = admitted
+        lid = req.ledger_id
+        batch = self._next()
+        assert self.outbox is not None
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
@@ -354,7 +393,7 @@ class ServerCore:
                 p.failed = Status.EREADONLY
         else:
             assert self.outbox is not None
-            self.outbox.send("index", IndexPut(msg.ledger_id, msg.entry_ids, msg.locations))
+            self.outbox.send("index", IndexPut(msg.ledger_id, msg.entry_ids, msg.locations, msg.ledger_ids))
         p.appended = True
         self._maybe_complete_add(msg.batch_id, p, now)
 
@@ -363,6 +402,9 @@ class ServerCore:
             return
         del self.adds[batch]
         self.add_bytes -= p.nbytes
+        if p.parts is not None:
+            self._complete_multi(p, now)
+            return
         status = p.failed or Status.EOK
         if status == Status.EOK:
             state = self.ledgers[p.ledger_id]
@@ -377,6 +419,29 @@ class ServerCore:
         requests.inc()
         self.reply(p.ident, encode(w.AddResponse(rid=p.rid, status=status, ledger_id=p.ledger_id,
                                                  first_entry_id=p.entry_ids[0], last_entry_id=p.entry_ids[-1])))
+
+    def _complete_multi(self, p: PendingAdd, now: float) -> None:
+        """Every accepted part of a MULTI_ADD gets what its ADD_ENTRY would have got."""
+        assert p.parts is not None and p.statuses is not None
+        status = p.failed or Status.EOK
+        statuses, ledgers = p.statuses, self.ledgers
+        for i, lid, entry_ids, max_lac in p.parts:
+            statuses[i] = int(status)
+            if status == Status.EOK:
+                state = ledgers[lid]
+                last = max(entry_ids)
+                if last > state.last_entry_id:
+                    state.last_entry_id = last
+                if max_lac > state.lac:
+                    self._advance_lac(lid, state, max_lac, now)
+        seconds, requests = m.add_outcome(status)
+        elapsed = max(0.0, now - p.started)
+        for _ in p.parts:
+            seconds.observe(elapsed)
+        requests.inc(len(p.parts))
+        if status == Status.EOK:
+            m.ENTRIES_ADDED_TOTAL.inc(len(p.entry_ids))
+        self._reply_multi(p.ident, p.rid, statuses)
 
     def _on_synced(self, msg: Synced, now: float) -> None:
         for batch in msg.batch_ids:
@@ -696,6 +761,9 @@ class ServerCore:
         """Forget ledgers deleted in metadata; returns those dropped. A ledger with an add in
         flight is kept (the add's completion needs its state): the next GC run drops it."""
         busy = {p.ledger_id for p in self.adds.values()}
+        for p in self.adds.values():
+            if p.parts is not None:
+                busy.update(part[1] for part in p.parts)
         dropped: list[int] = []
         for lid in ledger_ids:
             if lid in busy:
@@ -710,38 +778,6 @@ class ServerCore:
             dropped.append(lid)
         self._publish_counts()
         return dropped
-
-
-class _MultiAdd:
-    """The parts of one MULTI_ADD request still unanswered, and the statuses so far."""
-
-    __slots__ = ("core", "ident", "rid", "statuses", "left", "sent")
-
-    def __init__(self, core: ServerCore, ident: bytes, rid: int, n: int) -> None:
-        self.core, self.ident, self.rid = core, ident, rid
-        self.statuses = bytearray(n)
-        self.left = n
-        self.sent = False
-
-    def answer(self, index: int, frames: list[Any]) -> None:
-        """The ADD_ENTRY answer of part ``index`` (an encoded AddResponse: read its status)."""
-        self.statuses[index] = int(cbor2.loads(bytes(frames[0]))["st"])
-        self.left -= 1
-        self.maybe_done()
-
-    def maybe_done(self) -> None:
-        if self.left == 0 and not self.sent:
-            self.sent = True
-            self.core._net_reply(self.ident, encode(w.MultiAddResponse(
-                rid=self.rid, status=Status.EOK, statuses=[Status(s) for s in self.statuses])))
-
-
-@dataclass(slots=True, eq=False)
-class _Part:
-    """Stands in for the peer's ident while one part of a MULTI_ADD goes the ADD_ENTRY path."""
-
-    multi: _MultiAdd
-    index: int
 
 
 _OP_NAMES: dict[type, str] = {

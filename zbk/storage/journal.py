@@ -219,6 +219,22 @@ class JournalWriter:
             buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
+    def append_adds_multi(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                          blobs: Sequence[bytes]) -> int:
+        """:meth:`append_adds` for a batch of several ledgers (MULTI_ADD): one ADD record per
+        (ledger id, entry id, blob), in order; the same bytes as one ``append`` each."""
+        if not len(ledger_ids) == len(entry_ids) == len(blobs):
+            raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
+        limit = limits.journal_record_bytes_max
+        buf = self._buf
+        for lid, eid, payload in zip(ledger_ids, entry_ids, blobs):
+            n = len(payload)
+            assert n <= limit, "journal record too large"
+            body = _pack_body(_ADD, lid, eid)
+            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body))) + body
+            buf += payload
+        return len(buf) - BATCH_RECORD_BYTES
+
     @property
     def pending_bytes(self) -> int:
         """Bytes appended but not yet written by :meth:`sync`."""

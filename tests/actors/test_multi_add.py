@@ -1,0 +1,172 @@
+"""MULTI_ADD inside the bookie: the accepted parts of one request travel the actors as one
+unit (one AppendBatch, one Appended, one JournalAppend, one IndexPut, one reply), and every
+part gets exactly the status an ADD_ENTRY of its own would get."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zbk.actors.base import ListOutbox
+from zbk.actors.entrylogger import EntryLoggerCore
+from zbk.actors.indexsyncer import IndexCore
+from zbk.actors.journal import JournalCore
+from zbk.actors.messages import (
+    AppendBatch,
+    Appended,
+    IndexPut,
+    JournalAppend,
+    JournalMeta,
+    Synced,
+)
+from zbk.actors.server import LedgerState, ServerCore
+from zbk.client.digest import make_digest, master_key
+from zbk.storage.entrylog import EntryLogWriter
+from zbk.storage.journal import JournalWriter, RecordType, replay
+from zbk.storage.ledgercache import LedgerCache
+from zbk.wire import messages as w
+from zbk.wire.codec import decode_response, encode
+from zbk.wire.entry import build_entry
+from zbk.wire.ops import AddFlag
+from zbk.wire.status import Status
+
+DIGEST = make_digest("crc32c", b"")
+KEY, WRONG = master_key(b"a"), master_key(b"b")
+PLAIN = AddFlag(0)
+
+
+def blob(lid: int, eid: int, lac: int | None = None) -> bytes:
+    return build_entry(lid, eid, eid - 1 if lac is None else lac, f"{lid}/{eid}".encode(), DIGEST)
+
+
+def part(lid: int, eids: range, key: bytes = KEY, flags: AddFlag = PLAIN) -> w.AddRequest:
+    return w.AddRequest(rid=0, ledger_id=lid, master_key=key, flags=flags, entries=[blob(lid, e) for e in eids])
+
+
+def make(**kw: Any) -> tuple[ServerCore, ListOutbox, list[tuple[bytes, list[Status]]]]:
+    replies: list[tuple[bytes, list[Status]]] = []
+
+    def reply(ident: bytes, frames: list[Any]) -> None:
+        resp = decode_response([bytes(f) for f in frames])
+        assert isinstance(resp, w.MultiAddResponse)
+        replies.append((ident, list(resp.statuses)))
+
+    ledgers = {
+        1: LedgerState(master_key=KEY),
+        2: LedgerState(master_key=KEY, fenced=True),
+        3: LedgerState(master_key=KEY, fenced=True, limbo=True),  # BP-46 phase one
+    }
+    core = ServerCore(ledgers=ledgers, journal_write_data=True, max_frame_bytes=1 << 20,
+                      reply=reply, **kw)
+    out = ListOutbox()
+    core.outbox = out
+    return core, out, replies
+
+
+def multi(core: ServerCore, parts: list[w.AddRequest], rid: int = 7) -> None:
+    req = w.MultiAddRequest(rid=rid, parts=parts)
+    core.on_request(b"peer", encode(req), 0.0)
+
+
+def test_parts_get_their_own_status_and_the_accepted_ones_travel_as_one_batch():
+    core, out, replies = make()
+    multi(core, [
+        part(1, range(0, 3)),  # fine
+        part(1, range(3, 4), key=WRONG),  # wrong master key: EUA
+        part(2, range(0, 2)),  # fenced: EFENCED
+        part(3, range(0, 1)),  # limbo (and fenced): EFENCED, never stored
+        part(3, range(0, 2), flags=AddFlag.RECOVERY_ADD),  # recovery adds pass the fence
+        part(9, range(5, 7)),  # new ledger: its master key is journaled first
+        w.AddRequest(rid=0, ledger_id=10, master_key=KEY, flags=AddFlag(0), entries=[blob(11, 0)]),  # EBADREQ
+    ])
+    assert replies == []  # nothing answered before the accepted parts are indexed and fsynced
+    metas = out.take("journal", JournalMeta)
+    assert [r[:3] for r in metas[0].records] == [(int(RecordType.MASTER_KEY), 9, -1)]
+    appends = out.take("entrylogger", AppendBatch)
+    assert len(appends) == 1
+    ab = appends[0]
+    assert ab.ledger_ids == [1, 1, 1, 3, 3, 9, 9] and ab.entry_ids == [0, 1, 2, 0, 1, 5, 6]
+    assert metas[0].batch_id == ab.batch_id
+
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, 8)), ledger_ids=ab.ledger_ids), 0.0)
+    puts = out.take("index", IndexPut)
+    assert len(puts) == 1 and puts[0].ledger_ids == ab.ledger_ids and puts[0].locations == list(range(1, 8))
+    assert replies == []  # indexed, not yet fsynced
+    core.on_message(Synced([ab.batch_id]), 0.0)
+    assert len(replies) == 1
+    ident, got = replies[0]
+    assert ident == b"peer"
+    assert got == [Status.EOK, Status.EUA, Status.EFENCED, Status.EFENCED, Status.EOK, Status.EOK, Status.EBADREQ]
+    assert core.ledgers[1].last_entry_id == 2 and core.ledgers[1].lac == 1
+    assert core.ledgers[9].last_entry_id == 6 and core.ledgers[9].master_key == KEY
+    assert core.adds == {} and core.add_bytes == 0
+
+
+def test_a_failed_append_fails_every_accepted_part_and_nothing_is_indexed():
+    core, out, replies = make()
+    multi(core, [part(1, range(0, 2)), part(2, range(0, 1)), part(4, range(0, 1))])
+    ab = out.take("entrylogger", AppendBatch)[0]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [], error="disk on fire", ledger_ids=ab.ledger_ids), 0.0)
+    assert out.take("index", IndexPut) == []
+    assert replies[0][1] == [Status.EIO, Status.EFENCED, Status.EIO]
+
+
+def test_read_only_refuses_every_part_and_nothing_is_sent():
+    core, out, replies = make()
+    core.set_forced_read_only(True)
+    multi(core, [part(1, range(0, 1)), part(5, range(0, 1))])
+    assert out.take("entrylogger") == [] and out.take("journal") == []
+    assert replies[0][1] == [Status.EREADONLY, Status.EREADONLY]
+    assert 5 not in core.ledgers  # a refused part creates nothing
+
+
+def test_pending_bounds_refuse_parts_with_too_many_requests():
+    one = len(blob(1, 0))
+    core, out, replies = make(pending_add_bytes_max=2 * one)
+    # The first part is always let through; the next fits; the third is over the byte bound.
+    multi(core, [part(1, range(0, 1)), part(4, range(0, 1)), part(5, range(0, 1))])
+    ab = out.take("entrylogger", AppendBatch)[0]
+    assert ab.ledger_ids == [1, 4]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Synced([ab.batch_id]), 0.0)
+    assert replies[0][1] == [Status.EOK, Status.EOK, Status.ETOOMANYREQUESTS]
+    assert 5 not in core.ledgers
+
+    core, out, replies = make(pending_requests_max=1)
+    multi(core, [part(1, range(0, 1))], rid=1)  # one request in flight now
+    multi(core, [part(1, range(1, 2)), part(4, range(0, 1))], rid=2)
+    assert replies[0][1] == [Status.ETOOMANYREQUESTS] * 2
+    assert len(out.take("entrylogger", AppendBatch)) == 1
+
+
+def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
+    logs = EntryLogWriter([str(tmp_path / "ledgers")])
+    el = EntryLoggerCore(logs)
+    el_out = ListOutbox()
+    el.outbox = el_out
+    lids, eids = [1, 1, 7, 9], [0, 1, 0, 4]
+    blobs = [blob(lid, eid) for lid, eid in zip(lids, eids, strict=True)]
+    el.on_message(AppendBatch(5, -1, eids, blobs, True, lids), 0.0)
+    ja = el_out.take("journal", JournalAppend)[0]
+    appended = el_out.take("server", Appended)[0]
+    assert ja.ledger_ids == lids and appended.ledger_ids == lids and len(appended.locations) == 4
+    for lid, eid, loc, b in zip(lids, eids, appended.locations, blobs, strict=True):
+        assert bytes(logs.read(loc, lid, eid)) == b
+
+    jw = JournalWriter(str(tmp_path / "journal"))
+    jc = JournalCore(jw, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
+    jc_out = ListOutbox()
+    jc.outbox = jc_out
+    jc.on_message(ja, 0.0)
+    jc.commit()
+    assert jc_out.take("server", Synced)[0].batch_ids == [5]
+    jw.close()
+    recs = [(r.ledger_id, r.entry_id, bytes(r.payload)) for r, _ in replay(str(tmp_path / "journal"))
+            if r.type == RecordType.ADD]
+    assert recs == list(zip(lids, eids, blobs, strict=True))
+
+    cache = LedgerCache([str(tmp_path / "index")])
+    ic = IndexCore(cache, flush_interval_s=60, persist_mark=lambda mark: None)
+    ic.outbox = ListOutbox()
+    ic.on_message(IndexPut(-1, eids, appended.locations, lids), 0.0)
+    assert [cache.get(lid, eid) for lid, eid in zip(lids, eids, strict=True)] == appended.locations
+    logs.close()
