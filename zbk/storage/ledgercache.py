@@ -32,7 +32,8 @@ from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
 
 log = logging.getLogger(__name__)
 
-_FDS_MAX = 256
+_FDS_MAX = 1024  # index file descriptors kept open (LRU)
+_FLUSH_GROUP = 512  # files written before their fsyncs in a flush (<= _FDS_MAX, see flush)
 Page = array.array  # of int: (location, check) words; see zbk.storage.index
 
 
@@ -304,16 +305,32 @@ class LedgerCache:
             pages_of.setdefault(ledger_id, []).append(page_no)
         written = 0
         new_dirs: set[str] = set()
-        for ledger_id in sorted(pages_of):
-            written += self._flush_ledger(self._ledgers[ledger_id], pages_of[ledger_id], new_dirs)
+        # Files are written a group at a time, then the group's files fsynced, each through
+        # the descriptor that wrote it (so a writeback error is reported to us and not to a
+        # descriptor opened later; a group is never larger than the descriptor cache, so
+        # none of its descriptors is closed before its fsync). With many dirty ledgers this
+        # lets the file system commit a whole group at once: on ext4 the first fsync of a
+        # group commits the metadata and ordered data of all its files, and the others find
+        # nothing left to commit, instead of one journal commit per ledger (issue #8).
+        ledger_ids = sorted(pages_of)
+        for at in range(0, len(ledger_ids), _FLUSH_GROUP):
+            group = ledger_ids[at:at + _FLUSH_GROUP]
+            fds: list[tuple[int, int]] = []
+            for ledger_id in group:
+                led = self._ledgers[ledger_id]
+                fd, n = self._write_ledger(led, pages_of[ledger_id], new_dirs)
+                fds.append((ledger_id, fd))
+                written += n
+            for ledger_id, fd in fds:
+                assert self._fds.get(ledger_id) == fd, "an index descriptor was closed before its fsync"
+                self._disk.fsync(fd)
         for d in sorted(new_dirs):
             self._disk.fsync_dir(d)
         self._mark_clean()
         return written
 
-    def _flush_ledger(self, led: _Ledger, page_nos: list[int], new_dirs: set[str]) -> int:
-        # One file at a time, fsynced through the descriptor that wrote it, so a writeback
-        # error is reported to us and not to a descriptor opened later.
+    def _write_ledger(self, led: _Ledger, page_nos: list[int], new_dirs: set[str]) -> tuple[int, int]:
+        """Write the ledger's dirty pages and header (no fsync); returns (fd, bytes written)."""
         new_dirs.update(self._ensure_file(led))
         fd = self._fd(led)
         for page_no in page_nos:
@@ -322,8 +339,7 @@ class LedgerCache:
         if led.ledger_id in self._header_dirty:
             self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
             written += index.HEADER_BYTES
-        self._disk.fsync(fd)
-        return written
+        return fd, written
 
     def _mark_clean(self) -> None:
         for (ledger_id, page_no), page in self._dirty.items():
