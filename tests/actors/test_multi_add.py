@@ -91,7 +91,7 @@ def test_parts_get_their_own_status_and_the_accepted_ones_travel_as_one_batch():
     puts = out.take("index", IndexPut)
     assert len(puts) == 1 and puts[0].ledger_ids == ab.ledger_ids and puts[0].locations == list(range(1, 8))
     assert replies == []  # indexed, not yet fsynced
-    core.on_message(Synced([ab.batch_id]), 0.0)
+    core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)  # the master key and the entries, one commit
     assert len(replies) == 1
     ident, got = replies[0]
     assert ident == b"peer"
@@ -127,7 +127,7 @@ def test_pending_bounds_refuse_parts_with_too_many_requests():
     ab = out.take("entrylogger", AppendBatch)[0]
     assert ab.ledger_ids == [1, 4]
     core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
-    core.on_message(Synced([ab.batch_id]), 0.0)
+    core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
     assert replies[0][1] == [Status.EOK, Status.EOK, Status.ETOOMANYREQUESTS]
     assert 5 not in core.ledgers
 
@@ -170,3 +170,25 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     ic.on_message(IndexPut(-1, eids, appended.locations, lids), 0.0)
     assert [cache.get(lid, eid) for lid, eid in zip(lids, eids, strict=True)] == appended.locations
     logs.close()
+
+
+def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_master_key():
+    """The master-key record and the entries' records reach the journal separately and can
+    be fsynced by different group commits: the Synced of the first alone is not enough."""
+    for request in ("add", "multi"):
+        core, out, replies = make()
+        acks: list[Any] = []
+        core.reply = lambda ident, frames, acks=acks: acks.append(decode_response([bytes(f) for f in frames]))
+        if request == "add":
+            core.on_request(b"peer", encode(w.AddRequest(rid=7, ledger_id=20, master_key=KEY, flags=PLAIN,
+                                                         entries=[blob(20, 0)])), 0.0)
+        else:
+            multi(core, [part(20, range(0, 1)), part(21, range(0, 1))])
+        meta = out.take("journal", JournalMeta)[0]
+        ab = out.take("entrylogger", AppendBatch)[0]
+        core.on_message(Synced([meta.batch_id]), 0.0)  # a commit that held only the master key
+        core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1] * len(ab.entry_ids),
+                                 ledger_ids=ab.ledger_ids), 0.0)
+        assert acks == [], request  # indexed, master key durable, entries not yet fsynced
+        core.on_message(Synced([ab.batch_id]), 0.0)
+        assert len(acks) == 1 and acks[0].rid == 7, request

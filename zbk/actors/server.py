@@ -92,6 +92,11 @@ class PendingAdd:
     nbytes: int = 0  # bytes of entry blobs, counted against pending_add_bytes_max
     appended: bool = False
     synced: bool = False
+    # Synced messages still to come for this batch id: a new ledger's master-key record
+    # (JournalMeta, straight from the Server) and the entries' records (JournalAppend,
+    # through the EntryLogger) are pended separately in the journal and may be committed by
+    # different group commits, so the ack waits for the Synced of each (2), not the first.
+    syncs: int = 1
     failed: Status | None = None
     # MULTI_ADD (one PendingAdd for the whole request): the accepted parts as (part index,
     # ledger id, entry ids, max LAC), and every part's status so far (refused parts are set
@@ -259,7 +264,7 @@ class ServerCore:
             need_sync = True
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
-                                      parts=accepted, statuses=statuses)
+                                      syncs=self._syncs(bool(meta)), parts=accepted, statuses=statuses)
         self.outbox.send("entrylogger", AppendBatch(batch, -1, eids, blobs, self.journal_write_data, lids))
 
     def _reply_multi(self, ident: bytes, rid: int, statuses: bytearray) -> None:
@@ -378,8 +383,13 @@ class ServerCore:
             need_sync = True
         nbytes = _blob_bytes(req)
         self.add_bytes += nbytes
-        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes)
+        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
+                                      syncs=self._syncs(bool(meta)))
         self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, [bytes(b) for b in req.entries], self.journal_write_data))
+
+    def _syncs(self, meta: bool) -> int:
+        """How many Synced an add batch gets: one per journal message sent under its id."""
+        return int(meta) + int(self.journal_write_data)
 
     def _on_appended(self, msg: Appended, now: float) -> None:
         p = self.adds.get(msg.batch_id)
@@ -447,8 +457,10 @@ class ServerCore:
         for batch in msg.batch_ids:
             p = self.adds.get(batch)
             if p is not None:
-                p.synced = True
-                self._maybe_complete_add(batch, p, now)
+                p.syncs -= 1
+                if p.syncs <= 0:
+                    p.synced = True
+                    self._maybe_complete_add(batch, p, now)
                 continue
             waiter = self.meta_waiters.pop(batch, None)
             if waiter is not None:
