@@ -331,12 +331,14 @@ class LedgerCache:
 
     def _write_ledger(self, led: _Ledger, page_nos: list[int], new_dirs: set[str]) -> tuple[int, int]:
         """Write the ledger's dirty pages and header (no fsync); returns (fd, bytes written)."""
+        created = not led.on_disk
         new_dirs.update(self._ensure_file(led))
         fd = self._fd(led)
         for page_no in page_nos:
             index.write_page(self._disk, fd, page_no, self._dirty[(led.ledger_id, page_no)])
-        written = len(page_nos) * PAGE_BYTES
-        if led.ledger_id in self._header_dirty:
+        written = len(page_nos) * PAGE_BYTES + (index.HEADER_BYTES if created else 0)
+        # A file created just now already starts with the current header (_ensure_file).
+        if led.ledger_id in self._header_dirty and not created:
             self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
             written += index.HEADER_BYTES
         return fd, written
