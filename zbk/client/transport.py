@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -99,6 +100,11 @@ class _Peer:
         self.calls: dict[int, tuple[Callable[[Any], None], asyncio.TimerHandle]] = {}
         self.read_scheduled = False
         self.watcher: asyncio.Task[None] | None = None
+        # Requests that could not be sent yet (no connection), in the order they were made;
+        # later requests queue behind them, so a bookie receives one client's requests in
+        # the order the client made them (a FORCE_LEDGER never overtakes the adds before it).
+        self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None]]] = deque()
+        self.flusher: asyncio.Task[None] | None = None
 
 
 class ZmqTransport:
@@ -107,7 +113,6 @@ class ZmqTransport:
         self.curve = curve
         self.peers: dict[str, _Peer] = {}
         self._rids = itertools.count(1)
-        self._slow: set[asyncio.Task[None]] = set()  # send()s waiting for a connection
         self.closed = False
         self.failed_at: dict[str, float] = {}  # bookie -> when it last failed to answer
 
@@ -201,30 +206,68 @@ class ZmqTransport:
             loop.call_soon(callback, BookieUnavailableError("client is closed"))
             return
         p = self._peer(bookie)
-        frames = encode(msg)
-        try:
-            _send_frames(p.raw, frames)
-        except zmq.Again:
-            # Not connected (yet, or any more): the slow path waits up to a second for a
-            # connection, as request() does.
-            task = loop.create_task(self._request_to_callback(bookie, msg, timeout_s, callback))
-            self._slow.add(task)
-            task.add_done_callback(self._slow.discard)
-            return
-        except zmq.ZMQError as e:
-            loop.call_soon(callback, BookieUnavailableError(f"bookie {bookie}: {e}"))
-            return
-        p.calls[msg.rid] = (callback, loop.call_later(timeout_s, self._expire, p, msg.rid, timeout_s))
-        self._poke(p)
+        started = time.monotonic()
 
-    async def _request_to_callback(self, bookie: str, msg: Any, timeout_s: float,
-                                   callback: Callable[[Any], None]) -> None:
+        def sent(err: BaseException | None) -> None:
+            if err is not None:
+                loop.call_soon(callback, err)
+                return
+            left = max(0.0, timeout_s - (time.monotonic() - started))
+            p.calls[msg.rid] = (callback, loop.call_later(left, self._expire, p, msg.rid, timeout_s))
+
+        self._send_in_order(p, encode(msg), timeout_s, sent)
+
+    def _send_in_order(self, p: _Peer, frames: list[Any], timeout_s: float,
+                       done: Callable[[BaseException | None], None]) -> None:
+        """Send ``frames`` to ``p`` now if nothing is queued before them, else queue them
+        behind what is; ``done(None)`` right after the send, ``done(error)`` if it cannot
+        be sent. IMMEDIATE makes a send fail with EAGAIN while there is no connection (a new
+        peer, or a dead or restarting bookie): the queue then waits up to a second per
+        request for one (a restarted bookie is reached again after ZeroMQ's reconnect
+        interval plus a handshake; failing sooner turned a restart into an ensemble change)."""
+        if not p.backlog:
+            try:
+                _send_frames(p.raw, frames)
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as e:  # the socket was closed under us (client shutting down)
+                done(BookieUnavailableError(f"bookie {p.bookie}: {e}"))
+                return
+            else:
+                self._poke(p)
+                done(None)
+                return
+        p.backlog.append((frames, time.monotonic() + min(timeout_s, 1.0), done))
+        if p.flusher is None:
+            p.flusher = asyncio.get_running_loop().create_task(self._flush_backlog(p))
+
+    async def _flush_backlog(self, p: _Peer) -> None:
+        """Send ``p``'s queued requests in order as the connection allows. Never poll(POLLOUT)
+        on the async socket: pyzmq queues a send behind a pending poll future and ignores
+        DONTWAIT then, which hung a recovery on a SIGSTOPped bookie."""
         try:
-            resp = await self.request(bookie, msg, timeout_s)
-        except ZbkError as e:
-            callback(e)
-            return
-        callback(resp)
+            while p.backlog:
+                frames, deadline, done = p.backlog[0]
+                err: BaseException | None = None
+                try:
+                    _send_frames(p.raw, frames)
+                except zmq.Again:
+                    if p.handshake_error is not None:  # connected, but the bookie refused us
+                        err = p.handshake_error
+                    elif time.monotonic() >= deadline:
+                        err = BookieUnavailableError(f"bookie {p.bookie} is not connected")
+                    else:
+                        await asyncio.sleep(0.01)
+                        continue
+                    self.failed_at[p.bookie] = time.monotonic()
+                except zmq.ZMQError as e:
+                    err = BookieUnavailableError(f"bookie {p.bookie}: {e}")
+                p.backlog.popleft()
+                if err is None:
+                    self._poke(p)
+                done(err)
+        finally:
+            p.flusher = None
 
     def _expire(self, p: _Peer, rid: int, timeout_s: float) -> None:
         call = p.calls.pop(rid, None)
@@ -249,40 +292,29 @@ class ZmqTransport:
             p.waiting.pop(msg.rid, None)
 
     async def _exchange(self, p: _Peer, msg: Any, fut: asyncio.Future[Any], timeout_s: float) -> Any:
-        frames = encode(msg)
-        # IMMEDIATE: EAGAIN means no connection yet (new peer) or any more (dead bookie).
-        # Give a connection a moment (a new one, or a restarted bookie's), then fail instead
-        # of queueing for a corpse. Always DONTWAIT, and never poll(POLLOUT) on the async
-        # socket: pyzmq queues a send behind a pending poll future and ignores DONTWAIT then,
-        # which hung a recovery on a SIGSTOPped bookie.
-        # Up to 1 s for a (re)connection: a restarted bookie is reached again after ZeroMQ's
-        # reconnect interval plus a handshake; failing sooner turned a bookie restart into an
-        # ensemble change (and, with no spare bookie, into a failed recovery).
-        deadline = time.monotonic() + min(timeout_s, 1.0)
-        while True:
-            try:
-                _send_frames(p.raw, frames)
-                self._poke(p)
-                break
-            except zmq.Again:
-                if p.handshake_error is not None:  # connected, but the bookie refused us
-                    self.failed_at[p.bookie] = time.monotonic()
-                    raise p.handshake_error from None
-                if time.monotonic() >= deadline:
-                    self.failed_at[p.bookie] = time.monotonic()
-                    raise BookieUnavailableError(f"bookie {p.bookie} is not connected") from None
-                await asyncio.sleep(0.01)
-            except zmq.ZMQError as e:  # the socket was closed under us (client shutting down)
-                raise BookieUnavailableError(f"bookie {p.bookie}: {e}") from None
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if sent.done():  # the caller gave up (timeout) while the request was queued
+                return
+            if err is None:
+                sent.set_result(None)
+            else:
+                sent.set_exception(err)
+
+        self._send_in_order(p, encode(msg), timeout_s, done)
+        await sent
         return await fut
 
     async def close(self) -> None:
         self.closed = True
         loop = asyncio.get_running_loop()
-        for task in self._slow:
-            task.cancel()
         for p in self.peers.values():
             loop.remove_reader(p.fd)
+            if p.flusher is not None:
+                p.flusher.cancel()
+            while p.backlog:
+                p.backlog.popleft()[2](BookieUnavailableError("client closed"))
             for callback, timer in p.calls.values():
                 timer.cancel()
                 callback(BookieUnavailableError("client closed"))
