@@ -178,7 +178,7 @@ def main() -> int:
               "window": args.window, "clients": args.clients, "request_p50_ms": round(pct(0.50), 3),
               "request_p99_ms": round(pct(0.99), 3), "fsyncs": int(commits),
               "entries_per_fsync": round(entries / commits, 1) if commits else 0.0,
-              "wall_s": round(elapsed, 1), "load": "%.2f %.2f %.2f" % os.getloadavg()}
+              "wall_s": round(elapsed, 1), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     if not args.profile:  # under py-spy the PID is py-spy's
         # Bookie CPU (all threads, user + system) per 100,000 acknowledged entries: less noisy
         # than adds/s on a shared machine. The bookie idles while clients start and prebuild.

@@ -27,6 +27,10 @@ server_peer_recv_hwm_messages = 1_000  # then libzmq stops reading the peer's TC
 server_peer_stall_s = 1.0  # a peer whose replies were dropped has its requests dropped for this long
 server_pending_requests_max = 50_000  # accepted, unanswered requests (long polls too); beyond: ETOOMANYREQUESTS
 server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledged adds; beyond: ETOOMANYREQUESTS
+# Adds held (not refused) while the index's dirty pages are over their hard bound (twice
+# ledger_cache_bytes_max) until a checkpoint brings them back under it; beyond: ETOOMANYREQUESTS.
+server_held_adds_max = 1024  # requests
+server_held_add_bytes_max = 64 * 1024 * 1024  # entry bytes of the held requests
 
 # A ledger holds at most 2**32 entries. Index files are sparse fixed-size slots by entry id,
 # so an unbounded id from a damaged or hostile request would mean a multi-terabyte file.

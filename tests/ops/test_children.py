@@ -13,7 +13,6 @@ import textwrap
 import time
 
 import pytest
-
 from helpers.procs import stop_pid, stop_process
 
 PARENT = textwrap.dedent("""

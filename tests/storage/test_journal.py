@@ -98,7 +98,7 @@ def test_append_adds_writes_the_bytes_of_one_append_per_entry(tmp_path):
     one, many = JournalWriter(str(tmp_path / "one"), 1 << 20), JournalWriter(str(tmp_path / "many"), 1 << 20)
     one.append(RecordType.FENCE, 3)
     many.append(RecordType.FENCE, 3)
-    for eid, blob in zip(ids, blobs):
+    for eid, blob in zip(ids, blobs, strict=True):
         pending = one.append(RecordType.ADD, 42, eid, blob)
     assert many.append_adds(42, ids, blobs) == pending == many.pending_bytes
     assert bytes(many._buf) == bytes(one._buf)
@@ -109,7 +109,7 @@ def test_append_adds_writes_the_bytes_of_one_append_per_entry(tmp_path):
     many.close()
     one.close()
     assert [tuple(r) for r, _ in _replayed(str(tmp_path / "many"))] == (
-        [(RecordType.FENCE, 3, -1, b"")] + [(RecordType.ADD, 42, e, b) for e, b in zip(ids, blobs)])
+        [(RecordType.FENCE, 3, -1, b"")] + [(RecordType.ADD, 42, e, b) for e, b in zip(ids, blobs, strict=True)])
 
 
 def test_sync_without_fsync_writes_but_does_not_fsync(tmp_path):

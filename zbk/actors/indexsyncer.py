@@ -22,6 +22,7 @@ from zbk.actors.messages import (
     DeleteLogs,
     EntryList,
     HeaderUpdate,
+    IndexPressure,
     IndexPut,
     ListEntries,
     LiveCheck,
@@ -57,6 +58,8 @@ class IndexCore:
         self.cp_in_flight: int | None = None
         self.last_cp_at: float | None = None
         self.gc_waiting: list[int] = []  # compaction jobs waiting for an index flush
+        self.pressure = False  # IndexPressure(True) sent, not yet taken back
+        self.dirty_hard_bytes = 2 * cache.bytes_max
 
     def on_message(self, msg: Any, now: float) -> None:
         assert self.outbox is not None
@@ -71,6 +74,8 @@ class IndexCore:
                     put(lid, eid, loc)
             if cache.needs_flush:
                 self.start_checkpoint(now)
+                if not self.pressure and cache.dirty_bytes >= self.dirty_hard_bytes:
+                    self._set_pressure(True)
         elif isinstance(msg, Lookup):
             self._lookup(msg)
         elif isinstance(msg, HeaderUpdate):
@@ -168,7 +173,19 @@ class IndexCore:
         m.CHECKPOINTS_TOTAL.inc()
         self.cp_in_flight = None
         self.last_cp_at = now
+        if self.pressure and self.cache.dirty_bytes < self.cache.bytes_max:
+            self._set_pressure(False)
+        elif self.cache.needs_flush:  # index puts queued during the flush: at once again
+            self.start_checkpoint(now)
         self._gc_index_flushed()
+
+    def _set_pressure(self, on: bool) -> None:
+        assert self.outbox is not None
+        self.pressure = on
+        log.log(logging.WARNING if on else logging.INFO,
+                "index: %d MiB of dirty index pages: %s new adds", self.cache.dirty_bytes >> 20,
+                "holding" if on else "resuming")
+        self.outbox.send("server", IndexPressure(on))
 
     # -- garbage collection (zbk/actors/gc.py has the protocol and why it is safe) ------------
     def _on_gc(self, msg: Any, now: float) -> None:

@@ -349,3 +349,15 @@ class CompactionDurable:
     applied has completed, so no durable index slot points into the compacted log."""
 
     job: int
+
+
+@dataclass(slots=True)
+class IndexPressure:
+    """IndexSyncer -> Server: ``on`` when the ledger cache's dirty pages reach their hard
+    bound (twice ``ledger_cache_bytes_max``: new ledgers arrive faster than a checkpoint
+    writes their index files), off once a checkpoint brought them under the cache bound.
+    While on, the Server holds new adds (and refuses them with ETOOMANYREQUESTS beyond a
+    bound) instead of letting the index grow without limit; everything else goes on,
+    including the checkpoint that ends the pressure."""
+
+    on: bool

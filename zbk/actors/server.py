@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from zbk.actors.messages import (
     EntryList,
     ForceJournal,
     HeaderUpdate,
+    IndexPressure,
     IndexPut,
     JournalMeta,
     ListEntries,
@@ -128,6 +130,10 @@ class ServerCore:
                  pending_requests_max: int = limits.server_pending_requests_max,
                  pending_add_bytes_max: int = limits.server_pending_add_bytes_max) -> None:
         self.ledgers = ledgers
+        # IndexPressure (zbk/actors/messages.py): adds held while the index is over its bound
+        self.index_pressure = False
+        self.held: deque[tuple[bytes, Any, float, int]] = deque()  # (ident, request, when, entry bytes)
+        self.held_bytes = 0
         self.journal_write_data = journal_write_data
         self.max_frame_bytes = max_frame_bytes
         self.reply = reply
@@ -202,6 +208,12 @@ class ServerCore:
             m.BAD_FRAMES_TOTAL.labels("answered").inc()
             self.reply(ident, encode(w.ErrorResponse(rid=e.rid, status=e.status)))
             return
+        if self.index_pressure and type(req) in _ADDS:
+            self._hold(ident, req, now)
+            return
+        self._dispatch(ident, req, now)
+
+    def _dispatch(self, ident: bytes, req: Any, now: float) -> None:
         if type(req) is w.MultiAddRequest:
             self._on_multi_add(ident, req, now)
             return
@@ -711,8 +723,36 @@ class ServerCore:
     }
 
     # -- messages from the other actors ----------------------------------------------------
+    # -- index backpressure -------------------------------------------------------------------
+    def _hold(self, ident: bytes, req: Any, now: float) -> None:
+        """Keep an add until the index is back under its bound (IndexPressure), in arrival
+        order; refuse it when the held adds are at their bounds."""
+        size = (sum(sum(map(len, p.entries)) for p in req.parts) if type(req) is w.MultiAddRequest
+                else sum(map(len, req.entries)))
+        if (len(self.held) >= limits.server_held_adds_max
+                or (self.held and self.held_bytes + size > limits.server_held_add_bytes_max)):
+            m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
+            if type(req) is w.MultiAddRequest:
+                self._reply_multi(ident, req.rid, bytearray([int(Status.ETOOMANYREQUESTS)]) * len(req.parts))
+            else:
+                self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
+            return
+        self.held.append((ident, req, now, size))
+        self.held_bytes += size
+        m.ADDS_HELD.set(len(self.held))
+
+    def _on_index_pressure(self, on: bool, now: float) -> None:
+        self.index_pressure = on
+        while self.held and not self.index_pressure:
+            ident, req, _, size = self.held.popleft()
+            self.held_bytes -= size
+            self._dispatch(ident, req, now)
+        m.ADDS_HELD.set(len(self.held))
+
     def on_message(self, msg: Any, now: float) -> None:
-        if isinstance(msg, Appended):
+        if isinstance(msg, IndexPressure):
+            self._on_index_pressure(msg.on, now)
+        elif isinstance(msg, Appended):
             self._on_appended(msg, now)
         elif isinstance(msg, Synced):
             self._on_synced(msg, now)
@@ -792,6 +832,7 @@ class ServerCore:
         return dropped
 
 
+_ADDS = (w.AddRequest, w.MultiAddRequest)  # what IndexPressure holds
 _OP_NAMES: dict[type, str] = {
     w.AddRequest: "add", w.ReadRequest: "read", w.ReadLacRequest: "read_lac", w.WriteLacRequest: "write_lac",
     w.ForceLedgerRequest: "force_ledger", w.WriteCloseRequest: "write_close", w.BookieInfoRequest: "bookie_info",

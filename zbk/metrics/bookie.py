@@ -45,3 +45,5 @@ def add_outcome(status: Any) -> tuple[Any, Any]:
     status (zbk.wire.status.Status): ``labels()`` takes a lock and checks its arguments on
     every call, and the add path answers thousands of requests a second."""
     return ADD_ENTRY_SECONDS.labels(status.name), REQUESTS_TOTAL.labels("add", status.name)
+ADDS_HELD = Gauge("zbk_bookie_adds_held",
+                  "Add requests held while the index's dirty pages are over their bound (IndexPressure)")

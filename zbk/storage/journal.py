@@ -211,7 +211,7 @@ class JournalWriter:
             raise ValueError("journal: entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
         buf = self._buf
-        for eid, payload in zip(entry_ids, blobs):
+        for eid, payload in zip(entry_ids, blobs, strict=True):
             n = len(payload)
             assert n <= limit, "journal record too large"
             body = _pack_body(_ADD, ledger_id, eid)
@@ -227,7 +227,7 @@ class JournalWriter:
             raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
         buf = self._buf
-        for lid, eid, payload in zip(ledger_ids, entry_ids, blobs):
+        for lid, eid, payload in zip(ledger_ids, entry_ids, blobs, strict=True):
             n = len(payload)
             assert n <= limit, "journal record too large"
             body = _pack_body(_ADD, lid, eid)

@@ -370,6 +370,10 @@ class LedgerCache:
         return new_dirs
 
     @property
+    def bytes_max(self) -> int:
+        return self._bytes_max
+
+    @property
     def cached_bytes(self) -> int:
         return (len(self._dirty) + len(self._clean)) * PAGE_BYTES
 
