@@ -41,7 +41,7 @@ from typing import Any, Literal, TypeVar
 from zbk import limits
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
 from zbk.client.digest import master_key
-from zbk.client.handles import LedgerEntry, LedgerHandle
+from zbk.client.handles import LedgerEntry, LedgerHandle, _request_then
 from zbk.config import ClientConfig
 from zbk.errors import (
     BookieUnavailableError,
@@ -993,15 +993,7 @@ class SimTransport:
         """request() in a task, its outcome handed to ``callback`` (the real transport's
         send() does without the task; the sim keeps one path for both)."""
 
-        async def run() -> None:
-            try:
-                resp = await self.request(bookie, msg, timeout_s)
-            except ZbkError as e:
-                callback(e)
-                return
-            callback(resp)
-
-        task = self.cluster.loop.create_task(run())
+        task = self.cluster.loop.create_task(_request_then(self, bookie, msg, timeout_s, callback))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
