@@ -24,9 +24,9 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from zbk.cli.children import spawn_tied
+from zbk.cli.children import spawn_tied, stop_child
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -58,18 +58,9 @@ def stop_process(proc: subprocess.Popen[bytes], *, timeout_s: float = 20.0, sig:
     """Stop one child by its PID: ``sig``, then SIGKILL if it is still there after
     ``timeout_s``; always reaps it. Returns its exit code."""
     try:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout_s)
+        return stop_child(proc, sig=sig, timeout_s=timeout_s)
     finally:
         _children.pop(proc.pid, None)
-    return proc.returncode
 
 
 def _stop_all_children() -> None:
@@ -169,6 +160,26 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 # -- zbk ----------------------------------------------------------------------------------------
+class _Cluster:
+    """A cluster as a context manager: ``stop()`` also when ``start()`` fails half-way."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 @dataclass
 class Bookie:
     name: str
@@ -210,7 +221,7 @@ class Bookie:
 
 
 @dataclass
-class ZbkCluster:
+class ZbkCluster(_Cluster):
     """N bookie processes (`zbk bookie`) on loopback sharing embedded sqlite metadata.
 
     ``settings`` are bookie config overrides (``--set``). The GC is slowed down by default:
@@ -303,16 +314,6 @@ class ZbkCluster:
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> ZbkCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 # -- NATS ---------------------------------------------------------------------------------------
 def nats_server_binary() -> str:
@@ -347,7 +348,7 @@ class NatsNode:
 
 
 @dataclass
-class NatsCluster:
+class NatsCluster(_Cluster):
     """An N-node NATS JetStream cluster on loopback: file storage, ``sync_interval: always``
     (every write to a stream's file store is fsynced before it counts), routes between all."""
 
@@ -414,16 +415,6 @@ class NatsCluster:
                 stop_process(nd.proc, timeout_s=20.0)
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> NatsCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # -- statistics ---------------------------------------------------------------------------------

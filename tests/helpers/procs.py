@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -10,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from zbk.cli.children import spawn_tied
+from zbk.cli.children import spawn_tied, stop_child
 
 
 def free_port() -> int:
@@ -40,16 +39,7 @@ def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None
 def stop_process(proc: subprocess.Popen[bytes], *, timeout_s: float = 5.0, kill: bool = False) -> None:
     """Stop one child by its PID: SIGTERM (or SIGKILL with ``kill``), then SIGKILL if it
     has not exited within ``timeout_s``; always reaps it."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout_s)
+    stop_child(proc, sig=signal.SIGKILL if kill else signal.SIGTERM, timeout_s=timeout_s)
 
 
 def stop_pid(pid: int, *, timeout_s: float = 5.0) -> None:

@@ -218,12 +218,20 @@ class ServerCore:
             self._on_multi_add(ident, req, now)
             return
         if self._overloaded(req):
-            m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], "ETOOMANYREQUESTS").inc()
-            self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
+            self._refuse(ident, req)
             return
         handler = self._handlers.get(type(req))
         assert handler is not None, f"no handler for {type(req).__name__}"
         handler(self, ident, req, now)
+
+    def _refuse(self, ident: bytes, req: Any) -> None:
+        """Answer ETOOMANYREQUESTS (every part of a MULTI_ADD) without doing anything."""
+        if type(req) is w.MultiAddRequest:
+            m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc(len(req.parts))
+            self._reply_multi(ident, req.rid, bytearray([int(Status.ETOOMANYREQUESTS)]) * len(req.parts))
+            return
+        m.REQUESTS_TOTAL.labels(_OP_NAMES[type(req)], "ETOOMANYREQUESTS").inc()
+        self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
 
     # MULTI_ADD (client-side coalescing, performance issue #8) ------------------------------
     # Each part is checked exactly as an ADD_ENTRY would be (_admit_add) and gets its own
@@ -236,8 +244,7 @@ class ServerCore:
         parts = req.parts
         statuses = bytearray(len(parts))
         if self.in_flight >= self.pending_requests_max:
-            m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc(len(parts))
-            self._reply_multi(ident, req.rid, bytearray([int(Status.ETOOMANYREQUESTS)]) * len(parts))
+            self._refuse(ident, req)
             return
         accepted: list[tuple[int, int, list[int], int]] = []
         lids: list[int] = []
@@ -722,20 +729,14 @@ class ServerCore:
         w.ClearLimboRequest: _on_clear_limbo,
     }
 
-    # -- messages from the other actors ----------------------------------------------------
     # -- index backpressure -------------------------------------------------------------------
     def _hold(self, ident: bytes, req: Any, now: float) -> None:
         """Keep an add until the index is back under its bound (IndexPressure), in arrival
         order; refuse it when the held adds are at their bounds."""
-        size = (sum(sum(map(len, p.entries)) for p in req.parts) if type(req) is w.MultiAddRequest
-                else sum(map(len, req.entries)))
+        size = sum(map(_blob_bytes, req.parts)) if type(req) is w.MultiAddRequest else _blob_bytes(req)
         if (len(self.held) >= limits.server_held_adds_max
                 or (self.held and self.held_bytes + size > limits.server_held_add_bytes_max)):
-            m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
-            if type(req) is w.MultiAddRequest:
-                self._reply_multi(ident, req.rid, bytearray([int(Status.ETOOMANYREQUESTS)]) * len(req.parts))
-            else:
-                self.reply(ident, encode(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS)))
+            self._refuse(ident, req)
             return
         self.held.append((ident, req, now, size))
         self.held_bytes += size
@@ -749,6 +750,7 @@ class ServerCore:
             self._dispatch(ident, req, now)
         m.ADDS_HELD.set(len(self.held))
 
+    # -- messages from the other actors ----------------------------------------------------
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, IndexPressure):
             self._on_index_pressure(msg.on, now)

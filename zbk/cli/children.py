@@ -1,4 +1,4 @@
-"""Child processes that die with the process that started them.
+"""Child processes that die with the process that started them, and are stopped by PID.
 
 A parent that is killed (kill -9, a native abort) runs no ``finally`` and no ``atexit``,
 so the bookies, etcd members and autorecovery processes it started would live on as
@@ -14,6 +14,7 @@ long as the process.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
@@ -86,3 +87,18 @@ def spawn_tied(argv: list[str], *, death_signal: int = signal.SIGTERM, **kwargs:
     fut: Future[subprocess.Popen[bytes]] = Future()
     _jobs.put((argv, kwargs, fut))
     return fut.result()
+
+
+def stop_child(proc: subprocess.Popen[Any], *, sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> int | None:
+    """Stop one child by its PID: ``sig``, then SIGKILL if it has not exited within
+    ``timeout_s``; always reaps it. Returns its exit code (None if it would not die)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+    return proc.returncode
