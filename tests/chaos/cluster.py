@@ -128,7 +128,7 @@ class ClusterSettings:
     # replica gaps (a bookie that missed entries it should hold) are found and repaired
     # within the run (docs/chaos.md).
     autorecovery_settings: dict[str, object] = field(default_factory=lambda: {
-        "lost_bookie_recovery_delay_s": 4, "open_ledger_rereplication_grace_period_s": 5, "lease_ttl_s": 3,
+        "lost_bookie_recovery_delay_s": 4, "open_ledger_rereplication_grace_period_s": 5, "lease_ttl_s": 6,
         "replicator_workers": 2, "auditor_periodic_check_interval_s": 30})
 
 
@@ -274,8 +274,10 @@ class ChaosCluster:
         self.down_etcd.discard(i)
 
     def _start_auditor_kill(self, _: int) -> None:
-        deadline = time.monotonic() + 5.0
-        while True:  # just after another fault there may be no leader for a moment
+        # Just after another fault there may be no leader for a while: a killed leader's
+        # key stays until its lease expires.
+        deadline = time.monotonic() + 5.0 + float(self.s.autorecovery_settings.get("lease_ttl_s", 10))  # type: ignore[arg-type]
+        while True:
             leader = self.leader()
             victim = next((a for a in self.autorecovery if a.candidate_id == leader), None)
             if victim is not None or time.monotonic() > deadline:

@@ -310,7 +310,7 @@ class MemoryMetadataStore:
         self._leases[lease] = set()
         return lease
 
-    def keepalive(self, lease: int) -> None:
+    def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
         if lease not in self._leases:
             raise LeaseExpiredError(f"lease {lease} is gone")
 

@@ -93,6 +93,31 @@ def test_watch_and_lease_survive_restart_with_keeper(etcd_cluster_factory, uniqu
         store.close()
 
 
+def test_an_outage_longer_than_the_ttl_is_not_a_lost_lease(etcd_cluster_factory, unique_scope: str) -> None:  # type: ignore[no-untyped-def]
+    """etcd down for twice the lease's TTL: keep-alives get no answer, which is not the
+    answer "expired". A restarted etcd extends every lease when its leader takes over, so
+    the first answer after the outage says the lease lives, and the keeper keeps it."""
+    cluster: EtcdCluster = etcd_cluster_factory(1)
+    member = cluster.members[0]
+    store = EtcdStore(cluster.endpoints, scope=unique_scope, deadline_s=1)  # each call gives up after 1 s
+    lost = threading.Event()
+    keeper = LeaseKeeper(store, ttl_s=2, on_lost=lost.set)
+    try:
+        store.put("out/1", b"up", lease=keeper.start())
+        member.kill()
+        time.sleep(4)  # twice the TTL without a single answer
+        assert not lost.is_set(), "no answer is not an expiry"
+        member.start()
+        member.wait_healthy()
+        time.sleep(2)  # keep-alive rounds after the restart
+        assert not lost.is_set() and not keeper.lost
+        kv = store.get("out/1")
+        assert kv is not None and kv.value == b"up", "the lease and its key outlived the outage"
+    finally:
+        keeper.stop()
+        store.close()
+
+
 def test_losing_the_connected_member_of_a_cluster(etcd_cluster_factory, unique_scope: str) -> None:  # type: ignore[no-untyped-def]
     cluster: EtcdCluster = etcd_cluster_factory(3)
     store = open_store(cluster.uri(unique_scope), deadline_s=30)

@@ -63,7 +63,7 @@ def test_lost_bookie_ledgers_are_rereplicated(rcluster) -> None:
     t0 = time.monotonic()
     rcluster.start_bookies(5)
     # Two processes of two workers each: the ledger locks, not luck, keep them apart.
-    settings = dict(lost_bookie_recovery_delay_s=0, open_ledger_rereplication_grace_period_s=1, lease_ttl_s=2,
+    settings = dict(lost_bookie_recovery_delay_s=0, open_ledger_rereplication_grace_period_s=1,
                     replicator_workers=2)
     ars = [rcluster.start_autorecovery(**settings) for _ in range(2)]
     ar = ars[0]
@@ -201,7 +201,9 @@ def one_ledger_on_four_bookies(rcluster, *, delay_s: float) -> tuple[Any, Any, A
     """4 bookies, an autorecovery process with ``delay_s`` that leads, and one closed
     E4/WQ2 ledger of 20 entries (so it is on every bookie)."""
     rcluster.start_bookies(4)
-    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=delay_s, lease_ttl_s=2)
+    # The default lease TTL (10 s): nothing here kills the autorecovery process, and a CI
+    # run saw every 2 s lease of the sqlite store expire at once on a loaded machine.
+    ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=delay_s)
     wait_until(lambda: ar.get("/api/v1/autorecovery/who_is_auditor")["auditor"], timeout_s=10, message="a leader")
     with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
         lh = bk.create_ledger(4, 2, 2, password=PW)

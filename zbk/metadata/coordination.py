@@ -80,15 +80,22 @@ def _next_ledger_id(current: bytes | None) -> bytes:
     return str(last + 1).encode("ascii")
 
 
+refresh_timeout_s_min = 1.0  # a keep-alive may always take this long, however late
+
+
 class LeaseKeeper:
     """A lease kept alive by a background thread.
 
     ``start()`` grants the lease (errors reach the caller) and returns its id. The thread
-    refreshes it every ttl/3. If a refresh says the lease is gone, or refreshes have
-    failed for a whole TTL, the lease counts as lost: ``lost`` turns True, ``on_lost`` is
-    called once (from the keeper thread) and the thread ends. ``stop()`` ends the thread
-    and revokes the lease, deleting its keys. While the store is unreachable one refresh
-    can block for the driver's whole call deadline, so loss is noticed that late at worst."""
+    refreshes it every ttl/3; each refresh may take until the lease would expire (at least
+    ``refresh_timeout_s_min``), failing over between etcd members meanwhile, so that one
+    slow member cannot use up the TTL. When the store answers that the lease is gone, it
+    counts as lost: ``lost`` turns True, ``on_lost`` is called once (from the keeper
+    thread) and the thread ends. A store that does not answer is not an answer, as a
+    ZooKeeper disconnection is not a session expiry: the keeper logs it, retries every
+    ttl/6, and learns the lease's fate from the first answer (etcd extends every lease
+    when a new leader takes over, so a lease can outlive an outage longer than its TTL).
+    ``stop()`` ends the thread and revokes the lease, deleting its keys."""
 
     def __init__(self, store: MetadataStore, ttl_s: int = limits.metadata_lease_ttl_s_default, *,
                  on_lost: Callable[[], None] | None = None) -> None:
@@ -122,19 +129,26 @@ class LeaseKeeper:
         interval = self.ttl_s / 3
         last_ok = time.monotonic()
         while not self._stop.wait(interval):
+            budget = max(refresh_timeout_s_min, last_ok + self.ttl_s - time.monotonic())
             try:
-                self._store.keepalive(self._lease)
-                last_ok = time.monotonic()
-                interval = self.ttl_s / 3
+                self._store.keepalive(self._lease, timeout_s=budget)
             except LeaseExpiredError:
                 self._mark_lost("the metadata store says it expired")
                 return
             except MetadataError as e:
-                if time.monotonic() - last_ok >= self.ttl_s:
-                    self._mark_lost(f"no keep-alive succeeded for {self.ttl_s} s ({e})")
-                    return
-                interval = self.ttl_s / 6  # retry sooner while the store is unreachable
-                log.warning("lease %d: keep-alive failed, retrying: %s", self._lease, e)
+                interval = self.ttl_s / 6  # retry sooner while the store does not answer
+                silent = time.monotonic() - last_ok
+                if silent >= self.ttl_s:
+                    log.warning("lease %d: no keep-alive answered for %.1f s (TTL %d s); it may have "
+                                "expired, the next answer tells: %s", self._lease, silent, self.ttl_s, e)
+                else:
+                    log.warning("lease %d: keep-alive failed, retrying: %s", self._lease, e)
+                continue
+            if interval != self.ttl_s / 3:
+                log.info("lease %d: keep-alive answered again after %.1f s", self._lease,
+                         time.monotonic() - last_ok)
+            last_ok = time.monotonic()
+            interval = self.ttl_s / 3
 
     def _mark_lost(self, why: str) -> None:
         log.warning("lease %s lost: %s", self._lease, why)

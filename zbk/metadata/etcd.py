@@ -314,10 +314,13 @@ class EtcdStore:
         return self._kv_conn.endpoint
 
     # -- calls with failover --------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[_Stubs, float], T], conn: _Connection | None = None) -> T:
-        """Run ``fn(stubs, timeout)``, failing over and retrying while etcd is unreachable."""
+    def _call(self, what: str, fn: Callable[[_Stubs, float], T], conn: _Connection | None = None, *,
+              deadline_s: float | None = None) -> T:
+        """Run ``fn(stubs, timeout)``, failing over and retrying while etcd is unreachable,
+        for ``deadline_s`` (None: the store's ``deadline_s``) in all."""
         conn = conn or self._kv_conn
-        deadline = time.monotonic() + self._deadline_s
+        deadline_s = self._deadline_s if deadline_s is None else deadline_s
+        deadline = time.monotonic() + deadline_s
         pause = retry_pause_s_min
         renewed = False
         while True:
@@ -344,7 +347,7 @@ class EtcdStore:
             conn.fail(stubs.generation)
             if time.monotonic() + pause > deadline:
                 raise MetadataUnavailableError(
-                    f"etcd {','.join(self.endpoints)}: {what} failed for {self._deadline_s:.0f} s ({reason})")
+                    f"etcd {','.join(self.endpoints)}: {what} failed for {deadline_s:.1f} s ({reason})")
             time.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(pause * 2, retry_pause_s_max)
 
@@ -427,8 +430,12 @@ class EtcdStore:
             raise MetadataError(f"etcd: grant lease: {response.error}")
         return int(response.ID)
 
-    def keepalive(self, lease: int) -> None:
-        ttl = self._call(f"keepalive {lease}", lambda s, t: _keepalive_once(s, lease, t))
+    def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
+        # With a budget, one attempt gets at most half of it: a member that hangs (a
+        # follower that cannot reach the leader) leaves time to ask another.
+        attempt_s = self._rpc_timeout_s if timeout_s is None else max(0.5, timeout_s / 2)
+        ttl = self._call(f"keepalive {lease}", lambda s, t: _keepalive_once(s, lease, min(t, attempt_s)),
+                         deadline_s=timeout_s)
         if ttl <= 0:
             raise LeaseExpiredError(f"lease {lease} has expired or was revoked")
 

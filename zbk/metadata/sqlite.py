@@ -330,7 +330,8 @@ class SqliteStore:
             assert cursor.lastrowid is not None
             return int(cursor.lastrowid)
 
-    def keepalive(self, lease: int) -> None:
+    def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
+        # timeout_s is not used: a local file answers within the busy timeout or not at all.
         with self._write() as (conn, now):
             cursor = conn.execute("UPDATE leases SET expires_at = ? + ttl_s WHERE id = ?", (now, lease))
             if cursor.rowcount == 0:

@@ -89,8 +89,10 @@ class MetadataStore(Protocol):
     def grant_lease(self, ttl_s: int) -> int:
         """A new lease id that expires ``ttl_s`` seconds after its last keep-alive."""
 
-    def keepalive(self, lease: int) -> None:
-        """Refresh the lease. Raises LeaseExpiredError if it is already gone."""
+    def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
+        """Refresh the lease. Raises LeaseExpiredError if it is already gone, and
+        MetadataUnavailableError if no answer came within ``timeout_s`` (None: the store's
+        own call deadline)."""
 
     def revoke_lease(self, lease: int) -> None:
         """Revoke the lease now, deleting its keys. Absent leases are ignored."""
