@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,19 +26,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from zbk.cli.children import spawn_tied, stop_child
+from zbk.cli.ports import free_port  # noqa: F401  (the benches import it from here)
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
 
 # Every child any helper started, stopped by PID at exit (atexit) if the owner did not.
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

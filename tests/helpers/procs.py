@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from zbk.cli.children import spawn_tied, stop_child
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
-
-    Another process may take it before we bind it again; starters that can detect
-    "address already in use" retry with new ports."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from zbk.cli.ports import free_port  # noqa: F401  (tests import it from here)
 
 
 def start_process(argv: list[str], log_path: Path, *, env: dict[str, str] | None = None,

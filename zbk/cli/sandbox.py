@@ -49,7 +49,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol
 
 from zbk.cli.children import spawn_tied
+from zbk.cli.ports import AUTO_PORT_HIGH, AUTO_PORT_LOW, port_free
 from zbk.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, ConfigError, ZbkError
 
 if TYPE_CHECKING:
@@ -79,9 +79,6 @@ RESTART_MAX = 5
 RESTART_BACKOFF_BASE_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
-# --base-port 0 searches here: below Linux's ephemeral range (32768+), so that outgoing
-# connections cannot be holding the ports we picked by the time the bookies bind them.
-AUTO_PORT_LOW, AUTO_PORT_HIGH = 10_000, 31_000
 
 
 def add_parser(sub: Any) -> None:
@@ -258,18 +255,6 @@ def save_layout(layout: Layout) -> None:
         json.dump(layout.saved(), f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
-
-
-def port_free(port: int) -> bool:
-    # SO_REUSEADDR as the bookie's servers use it: a port in TIME_WAIT from our last run is
-    # free for them, a port someone listens on is not.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
 
 
 def _ports(base: int, n: int) -> list[int]:
