@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
+import traceback
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -475,7 +477,13 @@ class Bookie:
         if self.crashed:
             log.error("bookie stopped because actor %s crashed: dirty marker left set", self.crashed)
             return
-        if any(loop.is_alive() for loop in self.loops):
+        stuck = [loop for loop in self.loops if loop.is_alive()]
+        if stuck:
+            frames = sys._current_frames()
+            for loop in stuck:
+                frame = frames.get(loop.ident or -1)
+                where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
+                log.error("actor %s did not stop within 10 s; it is at:\n%s", loop.core.name, where.rstrip())
             log.error("an actor did not stop: dirty marker left set")
             return
         self.journal.sync(fsync=True)
