@@ -135,8 +135,14 @@ def drop_handoff(instance: str) -> None:
 
 def send_message(sock: zmq.Socket[Any], handoff: Handoff, msg: Any) -> None:
     """Hand ``msg`` over a PUSH socket connected to an actor's inbound pipe (for senders that
-    are not actors, e.g. the admin HTTP handlers; the rule of the module docstring applies)."""
-    sock.send(handoff.park(msg), copy=True)
+    are not actors, e.g. the admin HTTP handlers; the rule of the module docstring applies).
+    A message to an actor that has stopped is dropped (see :meth:`SocketOutbox.send`)."""
+    frame = handoff.park(msg)
+    try:
+        sock.send(frame, zmq.NOBLOCK, copy=True)
+    except zmq.Again:
+        handoff.take(frame)
+        log.info("dropped %s: its actor has stopped", type(msg).__name__)
 
 
 class SocketOutbox:
@@ -145,6 +151,8 @@ class SocketOutbox:
     def __init__(self, ctx: zmq.Context[Any], instance: str, sender: str, peers: list[str]) -> None:
         self._socks: dict[str, zmq.Socket[Any]] = {}
         self._objects = handoff_for(instance).objects
+        self._sender = sender
+        self._gone: set[str] = set()
         for peer in peers:
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)  # inproc between our own actors: bounded upstream instead
@@ -157,7 +165,18 @@ class SocketOutbox:
         # message belongs to the receiver: see "THE RULE" in the module docstring.
         key = next(_keys)
         self._objects[key] = msg
-        self._socks[dest].send(key.to_bytes(8, "little"), copy=True)
+        try:
+            # Never blocks while the receiver runs (SNDHWM 0: no high-water mark). It would
+            # block forever once the receiver has stopped and closed its PULL socket, which
+            # happens while the bookie stops: actors see the stop at different moments, and
+            # a Server blocked here kept a clean stop from finishing (dirty marker left set).
+            self._socks[dest].send(key.to_bytes(8, "little"), zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            # Nothing is lost: whatever waited for this message was not acknowledged yet.
+            del self._objects[key]
+            if dest not in self._gone:
+                self._gone.add(dest)
+                log.info("%s: actor %s has stopped; dropping messages to it", self._sender, dest)
 
     def close(self) -> None:
         for s in self._socks.values():
