@@ -14,7 +14,7 @@ from zbk.wire import messages as w
 from zbk.wire.codec import encode
 from zbk.wire.status import Status
 
-from .util import MK, check_payloads, entry, read
+from .util import MK, add, check_payloads, entry, read
 
 LEDGERS = 50
 TARGET_ACKED = 10_000
@@ -241,4 +241,48 @@ def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledger
         for lid in ledgers:
             resp = read(c, lid, 0, count=acked[lid] + 1)
             assert check_payloads(resp, lid, 512) == list(range(acked[lid] + 1)), f"ledger {lid}: {resp.status!r}"
+    assert bk.stop() == 0
+
+
+def test_a_stop_under_reads_and_adds_is_quick_and_clean(bookies):
+    """SIGTERM while clients keep reading and adding: the actors see the stop at different
+    moments, and one that sends to an actor already stopped must not wait for it (a Server
+    blocked in such a send once kept a stop from finishing: 10 s, dirty marker left set)."""
+    bk = bookies(settings={"flush_interval_ms": 200})
+    bk.start()
+    with bk.connect() as c:
+        assert add(c, 5, list(range(50))).status == Status.EOK
+    next_eid = [50]
+    for round_ in range(5):
+        stop = threading.Event()
+
+        def hammer(kind: str, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                try:
+                    with bk.connect(timeout_s=2) as c:
+                        while not stop.is_set():
+                            if kind == "read":
+                                read(c, 5, 10, 20)
+                            else:
+                                eid = next_eid[0]
+                                next_eid[0] += 1
+                                add(c, 5, [eid])
+                except ZbkError:
+                    time.sleep(0.01)  # the bookie is going away or coming back
+
+        threads = [threading.Thread(target=hammer, args=(k,), daemon=True) for k in ("read", "read", "add")]
+        for t in threads:
+            t.start()
+        time.sleep(0.3 + 0.1 * round_)
+        t0 = time.monotonic()
+        code = bk.stop()
+        took = time.monotonic() - t0
+        stop.set()
+        for t in threads:
+            t.join(10)
+        log = bk.log_tail(80)
+        assert code == 0 and "did not stop" not in log, f"round {round_}: unclean stop after {took:.1f} s:\n{log}"
+        assert took < 9, f"round {round_}: the stop took {took:.1f} s"
+        bk.start()
+        assert "boot: unclean=False" in bk.log_tail(5), f"round {round_}: the next boot saw a dirty marker"
     assert bk.stop() == 0
