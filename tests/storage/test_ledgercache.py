@@ -11,7 +11,7 @@ from zbk.storage import index
 from zbk.storage.disk import FaultyDisk
 from zbk.storage.entrylog import make_location
 from zbk.storage.index import HEADER_BYTES, PAGE_BYTES, PAGE_ENTRIES, SLOT_BYTES, index_path
-from zbk.storage.ledgercache import LedgerCache
+from zbk.storage.ledgercache import DELTA_PAGE_BYTES, DELTA_SLOT_BYTES, LedgerCache
 
 from .helpers import flip_byte
 
@@ -238,3 +238,172 @@ def test_page_helpers_round_trip(tmp_path):
     assert index.slot_location(page, PAGE_ENTRIES + 6, "p") is None
     assert index.page_entries(page, 1, "p") == [PAGE_ENTRIES + 5]
     assert index.page_count(HEADER_BYTES) == 0 and index.page_count(HEADER_BYTES + 1) == 1
+
+
+# -- deltas: puts into pages already wholly in the file (performance issue #8) -------------
+
+
+class CountingDisk(FaultyDisk):
+    """Counts the index writes and where they go."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.pwrites: list[tuple[int, int]] = []  # (offset, bytes)
+
+    def pwrite(self, fd, data, offset):
+        self.pwrites.append((offset, memoryview(data).nbytes))
+        super().pwrite(fd, data, offset)
+
+
+def _flushed(d, entries_of):
+    """Index files with the given entries, flushed, and a fresh cache on them (no page cached)."""
+    c = LedgerCache([d], 1 << 20)
+    for ledger_id, entry_ids in entries_of.items():
+        for e in entry_ids:
+            c.put(ledger_id, e, loc(e + ledger_id))
+    c.flush()
+    c.close()
+
+
+def test_puts_into_pages_in_the_file_are_deltas_written_in_place(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    _flushed(d, {1: range(0, 10), 2: [*range(0, 5), PAGE_ENTRIES + 3]})
+    sizes = {lid: os.path.getsize(index_path(d, lid)) for lid in (1, 2)}
+    disk = CountingDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    reads = []
+    real_read_page = index.read_page
+    monkeypatch.setattr(index, "read_page", lambda *a, **k: reads.append(a[1]) or real_read_page(*a, **k))
+    for e in range(10, 13):
+        c.put(1, e, loc(e + 1))
+    c.put(1, 20, loc(21))  # a second run in the same page
+    c.put(2, 5, loc(7))
+    c.put(2, PAGE_ENTRIES + 4, loc(PAGE_ENTRIES + 6))  # page 1 of ledger 2, wholly in the file too
+    c.put(1, 11, loc(99))  # a slot put twice: the last location wins
+    assert reads == [], "a put read a page"
+    assert 0 < c.dirty_bytes < PAGE_BYTES and not c.needs_flush
+    written = c.flush()
+    assert written == 6 * SLOT_BYTES
+    assert sorted(disk.pwrites) == [
+        (HEADER_BYTES + 5 * SLOT_BYTES, SLOT_BYTES),
+        (HEADER_BYTES + 10 * SLOT_BYTES, 3 * SLOT_BYTES),
+        (HEADER_BYTES + 20 * SLOT_BYTES, SLOT_BYTES),
+        (HEADER_BYTES + (PAGE_ENTRIES + 4) * SLOT_BYTES, SLOT_BYTES)]
+    assert disk.fsyncs == 2 and c.dirty_bytes == 0 and c.cached_bytes == 0
+    c.close()
+    assert {lid: os.path.getsize(index_path(d, lid)) for lid in (1, 2)} == sizes, "a delta changed a file's size"
+    c = LedgerCache([d], 1 << 20)
+    want1 = {**{e: loc(e + 1) for e in range(13)}, 11: loc(99), 20: loc(21)}
+    assert {e: c.get(1, e) for e in range(PAGE_ENTRIES) if c.get(1, e) is not None} == want1
+    assert c.get_range(2, 0, 6) == [loc(e + 2) for e in range(5)] + [loc(7)]
+    assert c.get(2, PAGE_ENTRIES + 3) == loc(PAGE_ENTRIES + 5) and c.get(2, PAGE_ENTRIES + 4) == loc(PAGE_ENTRIES + 6)
+    assert c.entry_ids(1) == [(0, 12), (20, 20)] and c.last_entry_id(1) == 20
+
+
+def test_reads_of_a_page_with_a_delta_see_disk_and_delta(tmp_path):
+    d = str(tmp_path)
+    _flushed(d, {4: range(0, 8)})
+    c = LedgerCache([d], 1 << 20)
+    for e in range(8, 12):
+        c.put(4, e, loc(e + 4))
+    c.put(4, 2, loc(50))  # an overwrite of a slot on disk (journal replay, compaction)
+    assert c.last_entry_id(4) == 11
+    assert c.entry_ids(4) == [(0, 11)]  # a whole-ledger walk does not cache the page
+    assert c.dirty_bytes < PAGE_BYTES
+    expected = [loc(e + 4) for e in range(12)]
+    expected[2] = loc(50)
+    assert c.get_range(4, 0, 13) == expected + [None]  # the delta is merged: a dirty page now
+    assert c.dirty_bytes == PAGE_BYTES
+    c.put(4, 12, loc(16))
+    assert c.flush() == PAGE_BYTES
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert c.get_range(4, 0, 14) == [*expected, loc(16), None]
+
+
+def test_a_torn_last_page_is_never_a_delta(tmp_path):
+    """A crash while a page extended the file leaves it ending inside that page (on a 4 KiB
+    boundary). Writing single slots past that end would leave a size no crash can leave:
+    such a page is loaded and written whole."""
+    d = str(tmp_path)
+    _flushed(d, {3: [0, PAGE_ENTRIES + 1]})
+    path = index_path(d, 3)
+    torn = 4096 * ((HEADER_BYTES + PAGE_BYTES + 300 * SLOT_BYTES) // 4096)
+    os.truncate(path, torn)
+    c = LedgerCache([d], 1 << 20)
+    c.put(3, PAGE_ENTRIES + 600, loc(600))  # past the torn end
+    c.put(3, 5, loc(5))  # page 0 is whole: a delta
+    assert c.dirty_bytes == PAGE_BYTES + DELTA_PAGE_BYTES + DELTA_SLOT_BYTES  # one page, one delta of one slot
+    c.flush()
+    c.close()
+    assert os.path.getsize(path) == HEADER_BYTES + 2 * PAGE_BYTES
+    c = LedgerCache([d], 1 << 20)
+    assert c.entry_ids(3) == [(0, 0), (5, 5), (PAGE_ENTRIES + 1, PAGE_ENTRIES + 1),
+                              (PAGE_ENTRIES + 600, PAGE_ENTRIES + 600)]
+
+
+def test_failed_delta_flush_keeps_the_deltas_and_can_be_retried(tmp_path):
+    d = str(tmp_path)
+    _flushed(d, {1: range(4)})
+    disk = FaultyDisk(fail_fsync=True)
+    c = LedgerCache([d], 1 << 20, disk)
+    c.put(1, 4, loc(5))
+    with pytest.raises(OSError):
+        c.flush()
+    assert c.dirty_bytes > 0 and c.get_range(1, 0, 5) == [loc(e + 1) for e in range(5)]
+    c.put(1, 5, loc(6))
+    disk.fail_fsync = False
+    c.flush()
+    c.close()
+    assert LedgerCache([d], 1 << 20).get_range(1, 0, 7) == [loc(e + 1) for e in range(6)] + [None]
+
+
+def test_a_crash_during_a_delta_flush_leaves_every_slot_old_or_new(tmp_path):
+    """ENOSPC in the middle of the writes of many deltas (a crash leaves any subset of them,
+    a slot being 16-byte aligned inside one sector): every slot on disk is either what the
+    last completed flush wrote or its new value; the entries of earlier flushes all read back."""
+    d = str(tmp_path)
+    ledgers = range(1, 41)
+    _flushed(d, {lid: range(0, 3) for lid in ledgers})
+    disk = FaultyDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    for lid in ledgers:
+        c.put(lid, 3, loc(3 + lid))
+        c.put(lid, 4, loc(4 + lid))
+    disk.write_bytes_left = 19 * 2 * SLOT_BYTES + SLOT_BYTES  # 19 ledgers, then one slot of the 20th
+    with pytest.raises(OSError):
+        c.flush()
+    # "kill -9" here: the cache is abandoned, the page cache keeps what was written
+    c = LedgerCache([d], 1 << 20)
+    new = 0
+    for lid in ledgers:
+        assert c.get_range(lid, 0, 3) == [loc(e + lid) for e in range(3)]
+        tail = [c.get(lid, 3), c.get(lid, 4)]  # a damaged slot would raise CorruptDataError
+        assert tail in ([None, None], [loc(3 + lid), None], [loc(3 + lid), loc(4 + lid)]), (lid, tail)
+        new += tail == [loc(3 + lid), loc(4 + lid)]
+    assert new == 19
+
+
+def test_delete_ledger_drops_its_deltas(tmp_path):
+    d = str(tmp_path)
+    _flushed(d, {1: range(3), 2: range(3)})
+    c = LedgerCache([d], 1 << 20)
+    c.put(1, 3, loc(4))
+    c.put(2, 3, loc(5))
+    assert c.delete_ledger(1)
+    assert c.dirty_bytes == DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
+    assert c.flush() == SLOT_BYTES
+    assert not os.path.exists(index_path(d, 1)) and c.get(2, 3) == loc(5)
+
+
+def test_deltas_count_against_the_budget(tmp_path):
+    d = str(tmp_path)
+    _flushed(d, {lid: [0] for lid in range(100)})
+    c = LedgerCache([d], 100 * (DELTA_PAGE_BYTES + DELTA_SLOT_BYTES))
+    for lid in range(99):
+        c.put(lid, 1, loc(lid))
+    assert not c.needs_flush
+    c.put(99, 1, loc(99))
+    assert c.needs_flush and c.dirty_bytes == 100 * (DELTA_PAGE_BYTES + DELTA_SLOT_BYTES)
+    c.flush()
+    assert not c.needs_flush and c.dirty_bytes == 0

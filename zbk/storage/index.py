@@ -34,9 +34,10 @@ Slots (from offset 128; slot ``e`` at ``128 + 16 * e``; pages of ``index_page_en
     check is an xor, not a crc: it is computed on the add path and verified on every
     read, and catches what disks actually do to a slot (zeros, garbage, misplacement).
 
-A whole page is written at a time (pages are the unit of caching in the ledger cache);
-rewriting a page rewrites unchanged slots with identical bytes. So a file ends on a page
-boundary, except after a crash in the middle of a write that extended it: the kernel grows
+A page is written whole (pages are the unit of caching in the ledger cache; rewriting a
+page rewrites unchanged slots with identical bytes), or, when it lies wholly inside the
+file already, only its changed slots are written in place (:func:`write_slots`; such a
+write never changes the file's size). So a file ends on a page boundary, except after a crash in the middle of a write that extended it: the kernel grows
 a file's size one page-cache page (4 KiB) at a time, so a torn extension ends on a 4 KiB
 boundary, and its missing slots read as absent (journal replay puts them back). A last
 page that ends anywhere else was cut by something other than a crash: reading it is
@@ -150,6 +151,11 @@ def page_count(file_size: int) -> int:
     return max(0, -(-(file_size - HEADER_BYTES) // PAGE_BYTES))
 
 
+def whole_pages(file_size: int) -> int:
+    """Pages wholly inside a file of ``file_size`` bytes (a torn extension's last page is not)."""
+    return max(0, (file_size - HEADER_BYTES) // PAGE_BYTES)
+
+
 def read_page(fd: int, page_no: int, path: str = "") -> array.array[int]:
     """A page from the file; slots past the end read as absent, unless the file ends inside
     the page somewhere a torn write cannot leave it: :class:`CorruptDataError` (truncated)."""
@@ -182,6 +188,18 @@ def write_page(disk: Disk, fd: int, page_no: int, page: array.array[int]) -> Non
         swapped = array.array("Q", page)
         swapped.byteswap()
         disk.pwrite(fd, swapped, page_offset(page_no))
+
+
+def write_slots(disk: Disk, fd: int, first_entry_id: int, locations: list[int]) -> None:
+    """Write the slots of consecutive entries ``first_entry_id, first_entry_id + 1, ...`` in
+    place (no page around them): for pages wholly in the file already, whose other slots on
+    disk are what the cache would write back anyway (zbk.storage.ledgercache, "deltas")."""
+    words = array.array("Q", bytes(16 * len(locations)))
+    words[0::2] = array.array("Q", locations)
+    words[1::2] = array.array("Q", [loc ^ (first_entry_id + k) ^ SLOT_KEY for k, loc in enumerate(locations)])
+    if not _LITTLE:
+        words.byteswap()
+    disk.pwrite(fd, words, HEADER_BYTES + first_entry_id * SLOT_BYTES)
 
 
 def set_slot(page: array.array[int], entry_id: int, location: int) -> None:

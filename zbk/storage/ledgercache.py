@@ -11,6 +11,19 @@ dirty page is never dropped: when dirty pages alone reach ``bytes_max``,
 ledger the cache also keeps a small state record (path, header, highest entry id put);
 those are not counted in ``bytes_max``.
 
+Deltas (performance issue #8): a ``put`` into a page that is not in the cache but lies
+wholly inside its index file does not read the page. It records the new slots only (a
+*delta*, entry id -> location, counted in ``bytes_max`` at ``DELTA_*_BYTES``), and
+:meth:`LedgerCache.flush` writes just those slots in place
+(:func:`zbk.storage.index.write_slots`): the page's other slots on disk are exactly what
+a whole-page write would rewrite. Many ledgers with a few new entries each (MULTI_ADD
+over thousands of ledgers) then cost neither a page read per put nor 16 KiB of memory
+and of writing per ledger, and do not fill the cache into a checkpoint every few
+thousand entries. A read of such a page loads it from the file and applies the delta
+(it becomes an ordinary dirty page). A key is in at most one of: dirty pages, clean
+pages, deltas. Pages beyond the file's end (new ledgers, new pages, a torn last page)
+are whole dirty pages as before, so a file still only ever grows by whole pages.
+
 One owner (the IndexSyncer actor); not thread-safe. The file format is in
 :mod:`zbk.storage.index`.
 """
@@ -34,6 +47,11 @@ log = logging.getLogger(__name__)
 
 _FDS_MAX = 1024  # index file descriptors kept open (LRU)
 _FLUSH_GROUP = 512  # files written before their fsyncs in a flush (<= _FDS_MAX, see flush)
+# Memory charged to deltas (see the module doc), above their Python size on CPython 3.11
+# (tracemalloc: about 330 bytes per page with a delta, for its dict, key tuple and entry in
+# the table of deltas; about 90 bytes per slot held, for the dict entry and two ints).
+DELTA_PAGE_BYTES = 384
+DELTA_SLOT_BYTES = 128
 Page = array.array  # of int: (location, check) words; see zbk.storage.index
 
 
@@ -46,7 +64,8 @@ class _Ledger:
     max_put: int = -1  # highest entry id put since this cache opened
     disk_last: int | None = None  # highest entry id in the file when first asked
     disk_pages: int | None = None  # pages in the file (None: not yet looked)
-    pages: set[int] = field(default_factory=set)  # page numbers held in the cache
+    full_pages: int = 0  # pages wholly in the file (a torn last page is not); set with disk_pages
+    pages: set[int] = field(default_factory=set)  # page numbers held in the cache (pages or deltas)
 
 
 class LedgerCache:
@@ -62,6 +81,8 @@ class LedgerCache:
         self._ledgers: dict[int, _Ledger] = {}
         self._dirty: dict[tuple[int, int], Page] = {}
         self._clean: OrderedDict[tuple[int, int], Page] = OrderedDict()
+        self._deltas: dict[tuple[int, int], dict[int, int]] = {}  # entry id -> location
+        self._delta_slots = 0  # slots held in all deltas
         self._header_dirty: set[int] = set()
         self._fds: OrderedDict[int, int] = OrderedDict()
         for d in self._dirs:
@@ -79,21 +100,47 @@ class LedgerCache:
         assert entry_id >= 0 and location > 0
         key = (ledger_id, entry_id // PAGE_ENTRIES)
         page = self._dirty.get(key)
-        if page is None:
+        if page is None and key not in self._deltas:
             page = self._make_dirty(key)
-        i = (entry_id % PAGE_ENTRIES) * 2
-        page[i] = location
-        page[i + 1] = location ^ entry_id ^ SLOT_KEY
+        if page is not None:
+            i = (entry_id % PAGE_ENTRIES) * 2
+            page[i] = location
+            page[i + 1] = location ^ entry_id ^ SLOT_KEY
+        else:  # a delta (see the module doc)
+            delta = self._deltas[key]
+            if entry_id not in delta:
+                self._delta_slots += 1
+            delta[entry_id] = location
         led = self._ledgers[ledger_id]
         if entry_id > led.max_put:
             led.max_put = entry_id
 
-    def _make_dirty(self, key: tuple[int, int]) -> Page:
+    def _make_dirty(self, key: tuple[int, int]) -> Page | None:
+        """The key's page, now dirty; None when a delta was started for it instead."""
         led = self._ledger_for_write(key[0])
         page = self._clean.pop(key, None)
         if page is None:
-            page = self._load_page(led, key[1])
-            led.pages.add(key[1])
+            page_no = key[1]
+            if led.on_disk and page_no < self._full_pages(led):
+                self._deltas[key] = {}  # its slots are counted by put
+                led.pages.add(page_no)
+                self._evict()
+                return None
+            page = self._load_page(led, page_no)
+            led.pages.add(page_no)
+        self._dirty[key] = page
+        self._evict()
+        return page
+
+    def _merge_delta(self, key: tuple[int, int]) -> Page:
+        """The page of a key that has a delta: read from the file, the delta applied; it is
+        a dirty page from now on (written whole at the next flush)."""
+        led = self._ledgers[key[0]]
+        page = self._load_page(led, key[1])  # before the delta goes: a failed read loses nothing
+        delta = self._deltas.pop(key)
+        for entry_id, location in delta.items():
+            index.set_slot(page, entry_id, location)
+        self._delta_slots -= len(delta)
         self._dirty[key] = page
         self._evict()
         return page
@@ -133,6 +180,8 @@ class LedgerCache:
             page = self._clean.get(key)
             if page is not None:
                 self._clean.move_to_end(key)
+            elif key in self._deltas:
+                page = self._merge_delta(key)
             else:
                 led = self._ledgers.get(ledger_id)
                 if led is None or not led.on_disk or page_no >= self._disk_pages(led):
@@ -180,7 +229,12 @@ class LedgerCache:
         page = self._dirty.get(key)
         if page is None:
             page = self._clean.get(key)
-        return page if page is not None else self._load_page(led, page_no)
+        if page is not None:
+            return page
+        page = self._load_page(led, page_no)
+        for entry_id, location in self._deltas.get(key, {}).items():
+            index.set_slot(page, entry_id, location)
+        return page
 
     # --- headers ---------------------------------------------------------------------------
 
@@ -273,6 +327,9 @@ class LedgerCache:
         for page_no in led.pages:
             self._dirty.pop((ledger_id, page_no), None)
             self._clean.pop((ledger_id, page_no), None)
+            delta = self._deltas.pop((ledger_id, page_no), None)
+            if delta is not None:
+                self._delta_slots -= len(delta)
         self._header_dirty.discard(ledger_id)
         fd = self._fds.pop(ledger_id, None)
         if fd is not None:
@@ -287,7 +344,7 @@ class LedgerCache:
         if led is None:
             directory = self._dirs[ledger_id % len(self._dirs)]
             led = _Ledger(ledger_id, index.index_path(directory, ledger_id), on_disk=False,
-                          header=IndexHeader(), disk_last=-1, disk_pages=0)
+                          header=IndexHeader(), disk_last=-1, disk_pages=0, full_pages=0)
             self._ledgers[ledger_id] = led
             self._header_dirty.add(ledger_id)  # a new ledger's file is created at the next flush
         return led
@@ -303,6 +360,10 @@ class LedgerCache:
         pages_of: dict[int, list[int]] = {ledger_id: [] for ledger_id in self._header_dirty}
         for ledger_id, page_no in sorted(self._dirty):
             pages_of.setdefault(ledger_id, []).append(page_no)
+        deltas_of: dict[int, list[int]] = {}
+        for ledger_id, page_no in self._deltas:
+            deltas_of.setdefault(ledger_id, []).append(page_no)
+            pages_of.setdefault(ledger_id, [])
         written = 0
         new_dirs: set[str] = set()
         # Files are written a group at a time, then the group's files fsynced, each through
@@ -318,7 +379,7 @@ class LedgerCache:
             fds: list[tuple[int, int]] = []
             for ledger_id in group:
                 led = self._ledgers[ledger_id]
-                fd, n = self._write_ledger(led, pages_of[ledger_id], new_dirs)
+                fd, n = self._write_ledger(led, pages_of[ledger_id], deltas_of.get(ledger_id, ()), new_dirs)
                 fds.append((ledger_id, fd))
                 written += n
             for ledger_id, fd in fds:
@@ -329,27 +390,50 @@ class LedgerCache:
         self._mark_clean()
         return written
 
-    def _write_ledger(self, led: _Ledger, page_nos: list[int], new_dirs: set[str]) -> tuple[int, int]:
-        """Write the ledger's dirty pages and header (no fsync); returns (fd, bytes written)."""
+    def _write_ledger(self, led: _Ledger, page_nos: list[int], delta_page_nos: Sequence[int],
+                      new_dirs: set[str]) -> tuple[int, int]:
+        """Write the ledger's dirty pages, deltas and header (no fsync); returns (fd, bytes written)."""
         created = not led.on_disk
         new_dirs.update(self._ensure_file(led))
         fd = self._fd(led)
         for page_no in page_nos:
             index.write_page(self._disk, fd, page_no, self._dirty[(led.ledger_id, page_no)])
         written = len(page_nos) * PAGE_BYTES + (index.HEADER_BYTES if created else 0)
+        for page_no in delta_page_nos:
+            written += self._write_delta(fd, self._deltas[(led.ledger_id, page_no)])
         # A file created just now already starts with the current header (_ensure_file).
         if led.ledger_id in self._header_dirty and not created:
             self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
             written += index.HEADER_BYTES
         return fd, written
 
+    def _write_delta(self, fd: int, delta: dict[int, int]) -> int:
+        """Write a delta's slots in place, one write per run of consecutive entry ids."""
+        entry_ids = sorted(delta)
+        start = 0
+        for k in range(1, len(entry_ids) + 1):
+            if k == len(entry_ids) or entry_ids[k] != entry_ids[k - 1] + 1:
+                first = entry_ids[start]
+                index.write_slots(self._disk, fd, first, [delta[e] for e in entry_ids[start:k]])
+                start = k
+        return len(entry_ids) * index.SLOT_BYTES
+
     def _mark_clean(self) -> None:
         for (ledger_id, page_no), page in self._dirty.items():
             led = self._ledgers[ledger_id]
-            if led.disk_pages is not None and page_no >= led.disk_pages:
-                led.disk_pages = page_no + 1
+            if led.disk_pages is not None:
+                # A page written whole is in the file wholly now, and so are all before it.
+                if page_no >= led.disk_pages:
+                    led.disk_pages = page_no + 1
+                if page_no >= led.full_pages:
+                    led.full_pages = page_no + 1
             self._clean[(ledger_id, page_no)] = page
         self._dirty.clear()
+        # Written deltas are not kept: the cache never held their pages.
+        for ledger_id, page_no in self._deltas:
+            self._ledgers[ledger_id].pages.discard(page_no)
+        self._deltas.clear()
+        self._delta_slots = 0
         self._header_dirty.clear()
         self._evict()
 
@@ -374,17 +458,21 @@ class LedgerCache:
         return self._bytes_max
 
     @property
+    def _delta_bytes(self) -> int:
+        return len(self._deltas) * DELTA_PAGE_BYTES + self._delta_slots * DELTA_SLOT_BYTES
+
+    @property
     def cached_bytes(self) -> int:
-        return (len(self._dirty) + len(self._clean)) * PAGE_BYTES
+        return (len(self._dirty) + len(self._clean)) * PAGE_BYTES + self._delta_bytes
 
     @property
     def dirty_bytes(self) -> int:
-        return len(self._dirty) * PAGE_BYTES
+        return len(self._dirty) * PAGE_BYTES + self._delta_bytes
 
     @property
     def needs_flush(self) -> bool:
-        """True when dirty pages alone fill ``bytes_max``: the owner should checkpoint."""
-        return len(self._dirty) * PAGE_BYTES >= self._bytes_max
+        """True when dirty pages and deltas alone fill ``bytes_max``: the owner should checkpoint."""
+        return self.dirty_bytes >= self._bytes_max
 
     def _evict(self) -> None:
         over = self.cached_bytes - self._bytes_max
@@ -400,8 +488,16 @@ class LedgerCache:
 
     def _disk_pages(self, led: _Ledger) -> int:
         if led.disk_pages is None:
-            led.disk_pages = index.page_count(os.fstat(self._fd(led)).st_size) if led.on_disk else 0
+            if led.on_disk:
+                size = os.fstat(self._fd(led)).st_size
+                led.disk_pages, led.full_pages = index.page_count(size), index.whole_pages(size)
+            else:
+                led.disk_pages = led.full_pages = 0
         return led.disk_pages
+
+    def _full_pages(self, led: _Ledger) -> int:
+        self._disk_pages(led)
+        return led.full_pages
 
     def _fd(self, led: _Ledger) -> int:
         fd = self._fds.get(led.ledger_id)
