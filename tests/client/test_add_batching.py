@@ -1,0 +1,192 @@
+"""The AddDispatcher's flat per-bookie batches (performance issue #8, client side): one
+bookie's adds of an event-loop turn are kept as parallel lists (handles, part ends, entries)
+and split into messages at the request limits; entries track their bookies as bit masks.
+
+* ``_pack`` splits a batch at the part, entry and byte limits, keeping every part's entries
+  together and in order (a part too large for one request continues in the next one).
+* Under the simulation (tests/client/sim.py; ``ZBK_SEED=<n>`` replays a run): more ledgers
+  than one MULTI_ADD may carry, written in one turn, where one bookie refuses some parts
+  of a batch (EIO: only those ledgers change ensemble) or dies with a whole batch in flight
+  (every ledger changes ensemble; every entry still confirms, in order, and is readable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from zbk import limits
+from zbk.client.handles import LedgerHandle, _Add, _Batch, _pack
+from zbk.wire import messages as w
+from zbk.wire.status import Status
+
+from . import sim
+from .sim import SimCluster, WriteLog, check_persistence
+
+PW = b"secret"
+
+
+def _adds(n: int, size: int = 10, first: int = 0) -> list[_Add]:
+    return [_Add(first + i, bytes(size), size, None, 0.0) for i in range(n)]  # type: ignore[arg-type]
+
+
+def _flatten(batches: list[_Batch]) -> list[tuple[Any, list[int]]]:
+    """(handle, entry ids) per part, parts of consecutive messages of one handle merged."""
+    out: list[tuple[Any, list[int]]] = []
+    for b in batches:
+        for h, part in zip(b.hs, b.parts(), strict=True):
+            ids = [a.entry_id for a in part]
+            if out and out[-1][0] is h:
+                out[-1][1].extend(ids)
+            else:
+                out.append((h, ids))
+    return out
+
+
+def test_a_batch_within_the_limits_is_one_message() -> None:
+    batch = _Batch()
+    hs = [object() for _ in range(5)]
+    for h in hs:
+        batch.add(h, _adds(3))  # type: ignore[arg-type]
+    assert _pack(batch) == [batch]
+    assert batch.ends == [3, 6, 9, 12, 15] and batch.nbytes == 150
+
+
+def test_pack_splits_at_parts_entries_and_bytes_keeping_each_part_in_order() -> None:
+    n_max = limits.entries_per_add_request_max
+    parts_max = limits.ledgers_per_multi_add_max
+    bytes_max = limits.frame_bytes_max_default // 2
+    batch = _Batch()
+    expected: list[tuple[Any, list[int]]] = []
+    for _ in range(parts_max + 300):  # more ledgers than one MULTI_ADD carries, 1 entry each
+        h = object()
+        a = _adds(1)[0]
+        batch.add_one(h, a)  # type: ignore[arg-type]
+        expected.append((h, [0]))
+    big = object()
+    adds = _adds(n_max + 10)  # one part over the entry limit
+    batch.add(big, adds)  # type: ignore[arg-type]
+    expected.append((big, list(range(n_max + 10))))
+    huge = object()
+    adds = _adds(5, size=bytes_max // 3 + 1)  # one part over the byte limit
+    batch.add(huge, adds)  # type: ignore[arg-type]
+    expected.append((huge, list(range(5))))
+    msgs = _pack(batch)
+    assert len(msgs) > 2
+    for m in msgs:
+        assert 1 <= len(m.hs) <= parts_max
+        assert len(m.ents) <= n_max
+        assert m.nbytes <= bytes_max or len(m.ents) == 1
+        assert m.nbytes == sum(len(a.blob) for a in m.ents)
+        assert m.ends[-1] == len(m.ents) and all(x < y for x, y in zip(m.ends, m.ends[1:], strict=False))
+    assert _flatten(msgs) == expected
+
+
+def _append(h: LedgerHandle, log: WriteLog, order: list[int]) -> None:
+    """Append the next entry of ``h``; ``order`` gets the entry ids as their futures complete."""
+
+    def done(f: asyncio.Future[int]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            order.append(f.result())
+
+    log.append(h, f"{h.ledger_id}/{h.next_entry_id}".encode()).add_done_callback(done)
+
+
+def _fail_parts(bookie: sim.SimBookie, ledgers: set[int], status: Status) -> list[int]:
+    """Make ``bookie`` answer ``status`` for the parts of ``ledgers`` (nothing stored), and
+    record the ledger ids of the other parts of every MULTI_ADD it gets."""
+    inner = bookie._add
+    ok_parts: list[int] = []
+
+    def add(req: w.AddRequest) -> Any:
+        if req.ledger_id in ledgers and not req.flags:
+            return w.AddResponse(rid=req.rid, status=status, ledger_id=req.ledger_id,
+                                 first_entry_id=0, last_entry_id=0)
+        ok_parts.append(req.ledger_id)
+        return inner(req)
+
+    bookie._add = add  # type: ignore[method-assign]
+    return ok_parts
+
+
+def test_a_bookie_refusing_some_parts_of_a_batch_replaces_itself_only_for_those_ledgers() -> None:
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=4)
+        writer = c.client("writer")
+        victim = c.bookie(sorted(c.bookies)[0])
+        handles: list[LedgerHandle] = []
+        while len(handles) < limits.ledgers_per_multi_add_max + 76:  # two MULTI_ADDs to it per turn
+            h = await writer.create_ledger(3, 3, 2, password=PW)
+            if victim.id in h.md.last_ensemble:
+                handles.append(h)
+        bad = {h.ledger_id for h in handles[::97]}  # parts in both messages
+        _fail_parts(victim, bad, Status.EIO)
+        logs = {h.ledger_id: WriteLog() for h in handles}
+        orders: dict[int, list[int]] = {h.ledger_id: [] for h in handles}
+        for _ in range(3):  # three entries per ledger, each turn one per ledger
+            for h in handles:
+                _append(h, logs[h.ledger_id], orders[h.ledger_id])
+            await asyncio.sleep(0)
+        for log in logs.values():
+            await log.settle()
+        for h in handles:
+            log = logs[h.ledger_id]
+            assert not log.failed, (h.ledger_id, log.failed)
+            assert orders[h.ledger_id] == [0, 1, 2]
+            assert h.last_add_confirmed == 2
+            if h.ledger_id in bad:
+                assert len(h.md.fragments) == 2 and victim.id not in h.md.fragments[-1][1], h.md.fragments
+            else:
+                assert len(h.md.fragments) == 1, (h.ledger_id, h.md.fragments)
+        for h in handles[:40] + [h for h in handles if h.ledger_id in bad]:
+            await h.close()
+            assert await check_persistence(c, h.ledger_id, PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())
+
+
+def test_a_bookie_dying_with_a_batch_of_many_ledgers_in_flight() -> None:
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=4)
+        writer = c.client("writer")
+        n = limits.ledgers_per_multi_add_max + 40
+        # AQ3: nothing confirms without the dying bookie's replacement.
+        handles: list[LedgerHandle] = [await writer.create_ledger(3, 3, 3, password=PW) for _ in range(n)]
+        logs = {h.ledger_id: WriteLog() for h in handles}
+        orders: dict[int, list[int]] = {h.ledger_id: [] for h in handles}
+
+        def append_all() -> None:
+            for h in handles:
+                _append(h, logs[h.ledger_id], orders[h.ledger_id])
+
+        append_all()
+        for log in logs.values():
+            await log.settle()
+        # One bookie freezes; a turn of adds to every ledger goes out (to it as well, as
+        # MULTI_ADDs it will never answer); two more turns follow; then it dies. Its ledgers
+        # time out, change ensemble and resend every pending entry to the replacement.
+        victim = c.bookie(sorted(c.bookies)[0])
+        victim.pause()
+        for _ in range(3):
+            append_all()
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.5)
+        victim.crash()
+        for log in logs.values():
+            await log.settle()
+        for h in handles:
+            log = logs[h.ledger_id]
+            assert not log.failed, (h.ledger_id, log.failed)
+            assert orders[h.ledger_id] == [0, 1, 2, 3], orders[h.ledger_id]
+            assert h.last_add_confirmed == 3
+            assert victim.id not in h.md.last_ensemble
+            assert len(h.md.fragments) == (2 if victim.id in h.md.fragments[0][1] else 1)
+        for h in handles[:: max(1, n // 30)]:
+            await h.close()
+            assert await check_persistence(c, h.ledger_id, PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())
