@@ -45,7 +45,7 @@ from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError, KeyExistsError
+from zbk.errors import CookieMismatchError, KeyExistsError, LeaseExpiredError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
@@ -344,11 +344,12 @@ class Bookie:
                                  state="readonly" if read_only else "writable")
         self._registration = reg
         with self._reg_lock:
-            if self.lease is None or self.lease.lost:
-                self.lease = LeaseKeeper(self.store, ttl_s=self.cfg.registration_ttl_s, on_lost=self._on_lease_lost)
-                self.lease.start()
             deadline = self.clock.monotonic() + 2 * self.cfg.registration_ttl_s + 5
             while True:
+                if self.lease is None or self.lease.lost:
+                    self.lease = LeaseKeeper(self.store, ttl_s=self.cfg.registration_ttl_s,
+                                             on_lost=self._on_lease_lost)
+                    self.lease.start()
                 try:
                     register_bookie(self.store, reg, self.lease.lease)
                     return
@@ -358,6 +359,14 @@ class Bookie:
                     log.info("registration of %s still held by a previous process; waiting for its lease",
                              self.cfg.bookie_id)
                     self.clock.sleep(0.5)
+                except LeaseExpiredError as e:
+                    # Our own new lease expired before it was used (a loaded metadata store
+                    # answered a keep-alive too late, e.g. while we waited above): take another.
+                    if self.clock.monotonic() > deadline or self.stop_event.is_set():
+                        raise
+                    log.warning("registration lease expired before use (%s): taking a new one", e)
+                    self.lease.stop(revoke=False)
+                    self.lease = None
 
     def _on_lease_lost(self) -> None:
         """The registration lease was lost (metadata outage): register again on a new lease."""
