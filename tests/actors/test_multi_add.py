@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from zbk.actors.base import ListOutbox
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.indexsyncer import IndexCore
@@ -192,3 +194,25 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
         assert acks == [], request  # indexed, master key durable, entries not yet fsynced
         core.on_message(Synced([ab.batch_id]), 0.0)
         assert len(acks) == 1 and acks[0].rid == 7, request
+
+
+def test_observe_many_is_n_observes_of_a_histogram():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from zbk.actors.server import _observe_many
+    from zbk.limits import LATENCY_BUCKETS
+
+    def samples(h: Histogram) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): s.value for metric in h.collect() for s in metric.samples
+                if not s.name.endswith("_created")}
+
+    for value, n in ((0.0, 1), (0.0003, 7), (0.004, 1000), (0.25, 3), (1e9, 2)):
+        many = Histogram("many_seconds", "", ["status"], buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
+        loop = Histogram("many_seconds", "", ["status"], buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
+        _observe_many(many.labels("EOK"), value, n)
+        for _ in range(n):
+            loop.labels("EOK").observe(value)
+        got, want = samples(many), samples(loop)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k]), (value, n, k)

@@ -365,3 +365,16 @@ def test_read_response_entry_count_bound() -> None:
     frames = with_header(h, [b"e"] * (limits.entries_per_read_request_max + 1))
     with pytest.raises(FrameError):
         decode_response(frames)
+
+
+def test_encode_multi_add_statuses_is_the_encoding_of_the_response():
+    from zbk.wire.codec import encode_multi_add_statuses
+    from zbk.wire.messages import MultiAddResponse
+
+    codes = [Status.EOK, Status.EFENCED, Status.ETOOMANYREQUESTS, Status.EOK, Status.EUA]
+    for rid, statuses in ((0, codes), (2**64 - 1, codes[:1]), (77, [Status.EOK] * limits.ledgers_per_multi_add_max)):
+        frames = encode_multi_add_statuses(rid, bytearray(int(s) for s in statuses))
+        want = encode(MultiAddResponse(rid=rid, status=Status.EOK, statuses=statuses))
+        assert [bytes(f) for f in frames] == [bytes(f) for f in want]
+        resp = decode_response(frames)
+        assert isinstance(resp, MultiAddResponse) and list(resp.statuses) == statuses and resp.rid == rid

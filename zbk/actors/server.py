@@ -55,7 +55,7 @@ from zbk.actors.messages import (
 from zbk.metrics import bookie as m
 from zbk.storage.journal import RecordType
 from zbk.wire import messages as w
-from zbk.wire.codec import decode_request, encode
+from zbk.wire.codec import decode_request, encode, encode_multi_add_statuses
 from zbk.wire.entry import peek_entry_header
 from zbk.wire.errors import FrameError
 from zbk.wire.status import Status
@@ -287,8 +287,7 @@ class ServerCore:
         self.outbox.send("entrylogger", AppendBatch(batch, -1, eids, blobs, self.journal_write_data, lids))
 
     def _reply_multi(self, ident: bytes, rid: int, statuses: bytearray) -> None:
-        self.reply(ident, encode(w.MultiAddResponse(rid=rid, status=Status.EOK,
-                                                    statuses=[Status(s) for s in statuses])))
+        self.reply(ident, encode_multi_add_statuses(rid, statuses))
 
     @property
     def in_flight(self) -> int:
@@ -453,10 +452,11 @@ class ServerCore:
         """Every accepted part of a MULTI_ADD gets what its ADD_ENTRY would have got."""
         assert p.parts is not None and p.statuses is not None
         status = p.failed or Status.EOK
+        code, ok = int(status), status == Status.EOK
         statuses, ledgers = p.statuses, self.ledgers
         for i, lid, entry_ids, max_lac in p.parts:
-            statuses[i] = int(status)
-            if status == Status.EOK:
+            statuses[i] = code
+            if ok:
                 state = ledgers[lid]
                 last = max(entry_ids)
                 if last > state.last_entry_id:
@@ -464,11 +464,9 @@ class ServerCore:
                 if max_lac > state.lac:
                     self._advance_lac(lid, state, max_lac, now)
         seconds, requests = m.add_outcome(status)
-        elapsed = max(0.0, now - p.started)
-        for _ in p.parts:
-            seconds.observe(elapsed)
+        _observe_many(seconds, max(0.0, now - p.started), len(p.parts))
         requests.inc(len(p.parts))
-        if status == Status.EOK:
+        if ok:
             m.ENTRIES_ADDED_TOTAL.inc(len(p.entry_ids))
         self._reply_multi(p.ident, p.rid, statuses)
 
@@ -844,6 +842,24 @@ _OP_NAMES: dict[type, str] = {
 
 _RECOVERY_ADD = int(w.AddFlag.RECOVERY_ADD)
 _DEFERRED_SYNC = int(w.AddFlag.DEFERRED_SYNC)
+
+
+def _observe_many(hist: Any, value: float, n: int) -> None:
+    """``n`` times ``hist.observe(value)`` on a labelled prometheus_client Histogram: one
+    increment of the sum and of the bucket instead of n observe() calls, each of which takes
+    two locks (the parts of a MULTI_ADD are observed as one request each, ~1.5 us a call).
+    Reads the client's internals; any other Histogram gets the n calls."""
+    try:
+        bounds, buckets, total = hist._upper_bounds, hist._buckets, hist._sum
+    except AttributeError:
+        for _ in range(n):
+            hist.observe(value)
+        return
+    total.inc(value * n)
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            buckets[i].inc(n)
+            break
 
 
 def _blob_bytes(req: w.AddRequest) -> int:

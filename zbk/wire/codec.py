@@ -172,6 +172,14 @@ def _enc_multi_add_response(m: MultiAddResponse) -> list[Blob]:
     return [_cbor_map(h), bytes(m.statuses)]
 
 
+def encode_multi_add_statuses(rid: int, statuses: bytes | bytearray) -> list[Blob]:
+    """``encode(MultiAddResponse(rid=rid, status=EOK, statuses=...))`` from the status codes
+    as bytes (the frames are identical): a bookie answers up to thousands of parts per
+    request and need not build a Status per part only for the encoder to turn it back into
+    a byte. Every byte must be a Status code."""
+    return _enc_multi_add_response(MultiAddResponse(rid=rid, status=Status.EOK, statuses=statuses))  # type: ignore[arg-type]
+
+
 def _enc_read_request(m: ReadRequest) -> list[Blob]:
     h = _base(OpCode.READ_ENTRY, m.rid)
     h["l"] = m.ledger_id
