@@ -18,6 +18,7 @@ from typing import Any
 from zbk import limits
 from zbk.client.handles import LedgerHandle, _Add, _Batch, _pack
 from zbk.wire import messages as w
+from zbk.wire.entry import peek_entry_header
 from zbk.wire.status import Status
 
 from . import sim
@@ -188,5 +189,49 @@ def test_a_bookie_dying_with_a_batch_of_many_ledgers_in_flight() -> None:
         for h in handles[:: max(1, n // 30)]:
             await h.close()
             assert await check_persistence(c, h.ledger_id, PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())
+
+
+def test_bookies_that_get_the_same_adds_share_one_message_others_get_their_own() -> None:
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        writer = c.client("writer")
+        full = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(4)]  # WQ == E
+        striped = await writer.create_ledger(3, 2, 2, password=PW)  # each bookie its own stripes
+        t = full[0].ctx.transport
+        calls: list[tuple[list[str], Any]] = []
+
+        def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
+            calls.append((list(bookies), msg))
+            for b, cb in zip(bookies, callbacks, strict=True):
+                t.send(b, msg, timeout_s, cb)
+
+        t.send_all = send_all  # type: ignore[attr-defined]
+        logs = [WriteLog() for _ in full]
+        for _ in range(2):
+            for h, log in zip(full, logs, strict=True):
+                log.append(h, f"{h.ledger_id}/{h.next_entry_id}".encode())
+        for log in logs:
+            await log.settle()
+        assert len(calls) == 1 and sorted(calls[0][0]) == sorted(c.bookies), calls
+        msg = calls[0][1]
+        assert isinstance(msg, w.MultiAddRequest) and [len(p.entries) for p in msg.parts] == [2, 2, 2, 2]
+        calls.clear()
+        slog = WriteLog()
+        for _ in range(6):
+            slog.append(striped, f"{striped.ledger_id}/{striped.next_entry_id}".encode())
+        await slog.settle()
+        assert not slog.failed and sorted(slog.acked) == list(range(6))
+        assert len(calls) == 3 and all(len(bs) == 1 for bs, _ in calls), calls  # one message per bookie
+        for bs, m in calls:
+            eids = [peek_entry_header(b)[1] for b in m.entries]
+            assert eids == [e for e in range(6) if bs[0] in striped.md.write_set(e)], (bs, eids)
+        for h, log in zip(full, logs, strict=True):
+            assert not log.failed and sorted(log.acked) == [0, 1]
+            await h.close()
+            assert await check_persistence(c, h.ledger_id, PW, log) == []
 
     sim.run(scenario())

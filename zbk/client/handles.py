@@ -780,11 +780,23 @@ class AddDispatcher:
         by_bookie: dict[str, _Batch] = {}
         for h in dirty:
             h._collect(by_bookie)
+        # Bookies that get the very same adds (every bookie of the write sets when WQ == E,
+        # the common case) share their messages: built and encoded once, sent to each.
+        same: list[tuple[_Batch, list[str]]] = []
         for bookie, batch in by_bookie.items():
+            for other, bookies in same[-4:]:
+                if (len(other.ents) == len(batch.ents) and other.ents == batch.ents and other.ends == batch.ends
+                        and other.hs == batch.hs):
+                    bookies.append(bookie)
+                    break
+            else:
+                same.append((batch, [bookie]))
+        for batch, bookies in same:
             for msg in _pack(batch):
-                self._send(bookie, msg)
+                self._send(bookies, msg)
 
-    def _send(self, bookie: str, batch: _Batch) -> None:
+    def _send(self, bookies: list[str], batch: _Batch) -> None:
+        """Send ``batch`` to each of ``bookies`` (one message, one rid: rids are per bookie)."""
         t = self.ctx.transport
         rid = t.next_rid()
         msg: w.AddRequest | w.MultiAddRequest
@@ -801,12 +813,19 @@ class AddDispatcher:
                                          else [a.blob for a in ents[start:end]]))
                 start = end
             msg = w.MultiAddRequest(rid=rid, parts=parts)
-        done = functools.partial(self._answered, bookie, batch)
+        answered = self._answered
+        timeout_s = self.ctx.add_timeout_s
+        send_all = getattr(t, "send_all", None)
+        if send_all is not None:
+            send_all(bookies, msg, timeout_s, [functools.partial(answered, b, batch) for b in bookies])
+            return
         send = getattr(t, "send", None)
-        if send is not None:
-            send(bookie, msg, self.ctx.add_timeout_s, done)
-        else:  # a transport with request() only (test fakes): one task per request
-            self.ctx.spawn(_request_then(t, bookie, msg, self.ctx.add_timeout_s, done))
+        for bookie in bookies:
+            done = functools.partial(answered, bookie, batch)
+            if send is not None:
+                send(bookie, msg, timeout_s, done)
+            else:  # a transport with request() only (test fakes): one task per request
+                self.ctx.spawn(_request_then(t, bookie, msg, timeout_s, done))
 
     def _answered(self, bookie: str, batch: _Batch, resp: Any) -> None:
         hs = batch.hs

@@ -15,11 +15,12 @@ with UnauthorizedError instead of waiting for a connection that will never come.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zmq
@@ -165,6 +166,12 @@ class ZmqTransport:
         raw = p.raw
         while True:
             try:
+                # Look at ZMQ_EVENTS first (~3 us) rather than end every wake-up with a failed
+                # recv: zmq.Again is a Python exception built with enum look-ups (~13 us), on
+                # the critical path of a window-1 writer. Reading ZMQ_EVENTS until it shows no
+                # POLLIN is also what re-arms the edge-triggered FD.
+                if not int(raw.getsockopt(_EVENTS)) & _POLLIN:
+                    return
                 frames = raw.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
@@ -205,21 +212,33 @@ class ZmqTransport:
                 fut.set_result(result)
 
     def send(self, bookie: str, msg: Any, timeout_s: float, callback: Callable[[Any], None]) -> None:
+        self.send_all((bookie,), msg, timeout_s, (callback,))
+
+    def send_all(self, bookies: Sequence[str], msg: Any, timeout_s: float,
+                 callbacks: Sequence[Callable[[Any], None]]) -> None:
+        """``send`` of one message to several bookies (callbacks[i] for bookies[i]), encoded
+        once: the write path sends identical adds to every bookie of a write set. The rid
+        is the same on each connection; rids only need to be unique per bookie."""
         loop = asyncio.get_running_loop()
         if self.closed:
-            loop.call_soon(callback, BookieUnavailableError("client is closed"))
+            for callback in callbacks:
+                loop.call_soon(callback, BookieUnavailableError("client is closed"))
             return
-        p = self._peer(bookie)
+        frames = encode(msg)
+        rid = msg.rid
         started = time.monotonic()
+        for bookie, callback in zip(bookies, callbacks, strict=True):
+            p = self._peer(bookie)
+            self._send_in_order(p, frames, timeout_s, functools.partial(self._sent, p, rid, started, timeout_s, callback))
 
-        def sent(err: BaseException | None) -> None:
-            if err is not None:
-                loop.call_soon(callback, err)
-                return
-            left = max(0.0, timeout_s - (time.monotonic() - started))
-            p.calls[msg.rid] = (callback, loop.call_later(left, self._expire, p, msg.rid, timeout_s))
-
-        self._send_in_order(p, encode(msg), timeout_s, sent)
+    def _sent(self, p: _Peer, rid: int, started: float, timeout_s: float, callback: Callable[[Any], None],
+              err: BaseException | None) -> None:
+        loop = asyncio.get_running_loop()
+        if err is not None:
+            loop.call_soon(callback, err)
+            return
+        left = max(0.0, timeout_s - (time.monotonic() - started))
+        p.calls[rid] = (callback, loop.call_later(left, self._expire, p, rid, timeout_s))
 
     def _send_in_order(self, p: _Peer, frames: list[Any], timeout_s: float,
                        done: Callable[[BaseException | None], None]) -> None:
