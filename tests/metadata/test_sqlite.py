@@ -111,3 +111,43 @@ def test_many_processes_create_one_file_at_once(tmp_path: Path) -> None:
     uri = f"sqlite://{tmp_path}/fresh.db"
     versions = run_racing(open_and_put, [(uri, f"p{i}") for i in range(4)])
     assert sorted(versions) == [1, 2, 3, 4]
+
+
+def _stall(path: Path, seconds: float, started: threading.Event) -> None:
+    """Another process's writer holding the file's write lock (as in a slow fsync)."""
+    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        started.set()
+        threading.Event().wait(seconds)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_a_stalled_store_does_not_expire_a_lease_being_kept_alive(tmp_path: Path) -> None:
+    """A keep-alive blocked behind a stalled writer for longer than the TTL still keeps its
+    lease: the stall was the store's, not the holder's. A holder that kept nothing alive
+    expires one TTL after the stall."""
+    path = tmp_path / "m.db"
+    with SqliteStore(str(path)) as store:
+        kept, dead = store.grant_lease(1), store.grant_lease(1)
+        store.put("kept", b"1", lease=kept)
+        store.put("dead", b"1", lease=dead)
+        started = threading.Event()
+        staller = threading.Thread(target=_stall, args=(path, 2.5, started))
+        staller.start()
+        assert started.wait(5)
+        store.keepalive(kept)  # waits for the lock about 2.5 s, 2.5 TTLs
+        staller.join()
+        assert store.get("kept") is not None, "kept alive through the stall"
+        assert store.get("dead") is not None, "every lease got a TTL from the end of the stall"
+
+        def dead_gone() -> bool:
+            store.keepalive(kept)  # the live holder goes on keeping its lease
+            return store.get("dead") is None
+
+        wait_until(dead_gone, timeout_s=3, interval_s=0.1, message="the lease nobody keeps alive to expire")
+        assert store.get("kept") is not None
+        with pytest.raises(LeaseExpiredError):
+            store.keepalive(dead)

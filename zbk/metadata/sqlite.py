@@ -34,6 +34,11 @@ out keys whose lease has expired, so an expired lease's keys vanish at the insta
 expiry even if no sweep has run yet. The sweep that deletes them and logs their delete
 events runs at the start of every write transaction, on reads that notice an expired
 lease, and in the watch poller; each swept lease is one revision, as a revoke is in etcd.
+A stall of the store is not its lease holders' fault: a write that waited ``stall_s_min``
+or more for the file's write lock (a writer stuck in a slow fsync on a busy disk blocks
+every keep-alive) first gives every lease a full TTL from now, as etcd's new leader
+extends every lease; a holder that is really gone expires one TTL later. Reads in the
+meantime still hide keys whose lease ran out during the stall.
 
 Watches: one poller thread per store object reads the changelog every
 ``poll_interval_s`` and hands events to each watch in (revision, key) order, tracking a
@@ -49,6 +54,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -71,6 +77,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 busy_timeout_s_default = 30.0  # a writer waits this long for the file's write lock
+stall_s_min = 0.5  # a writer that waited this long for the lock saw the store stalled
 poll_interval_s_default = 0.025  # watch latency vs. idle cost of the poller
 poll_batch_revisions = 1000  # changelog revisions read per poll query
 trim_every_revisions = 64  # amortize changelog trimming over this many writes
@@ -176,9 +183,16 @@ class SqliteStore:
         with self._lock, _translated(self.path):
             self._check_open()
             conn = self._conn
+            asked = time.monotonic()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 now = self._clock.time()
+                if time.monotonic() - asked >= stall_s_min:
+                    # The store was stalled (another writer held the lock that long, e.g. in
+                    # a slow fsync on a busy disk): every keep-alive was blocked like this
+                    # write. As etcd's new leader does, give each lease a full TTL from now
+                    # before sweeping; a holder that is really gone expires one TTL later.
+                    conn.execute("UPDATE leases SET expires_at = MAX(expires_at, ? + ttl_s)", (now,))
                 self._sweep(conn, now)
                 yield conn, now
             except ZbkError:
