@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.bookie import BookieProcess
+from helpers.bookie import BookieProcess, wait_registered
 from helpers.procs import free_port, start_process, stop_process, tail
 
 
@@ -82,6 +82,9 @@ class RecoveryCluster:
             b.start(wait=False)
         for b in new:
             b.wait_ready()
+        # A bookie answers before its registration lands: wait for it, or a ledger created
+        # at once may find too few writable bookies (seen on a loaded machine).
+        wait_registered(self.uri, [b.bookie_id for b in new])
         return new
 
     def by_id(self, bookie_id: str) -> BookieProcess:
