@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -203,74 +202,9 @@ def test_real_bookie_kill9_after_checkpoints_that_wrote_deltas_loses_no_acknowle
     index files most pages are evicted, so the next MULTI_ADDs put deltas and the next
     checkpoints write single slots in place; the journal before their marks is deleted, and
     after a kill -9 in the middle of more adds every acknowledged entry is read back."""
-    from zbk.client.digest import make_digest, master_key
-    from zbk.storage.journal import list_segments
-    from zbk.wire.entry import build_entry, parse_entry
+    from bookie.util import multi_adds_through_checkpoints_then_kill9
 
-    digest = make_digest("crc32c", b"deltas")
-    key = master_key(b"deltas")
-
-    def payload(lid: int, eid: int) -> bytes:
-        return f"{lid}:{eid}:".encode() * 80
-
-    ledgers = list(range(2000, 2400))
     bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1,
                            "ledger_cache_bytes_max": 64 * PAGE_BYTES})
     bk.start()
-    index_dir = str(bk.data_dir / "index")
-    journal_dir = str(bk.data_dir / "journal")
-    first_segment = list_segments(journal_dir)[0]
-    acked = dict.fromkeys(ledgers, -1)
-
-    def multi(c: Any, first: int, count: int) -> int:
-        parts = [w.AddRequest(rid=0, ledger_id=lid, master_key=key, flags=w.AddFlag(0),
-                              entries=[build_entry(lid, e, e - 1, payload(lid, e), digest)
-                                       for e in range(first, first + count)]) for lid in ledgers]
-        rid = c.next_rid()
-        c.sock.send_multipart(encode(w.MultiAddRequest(rid=rid, parts=parts)), copy=False)
-        return rid
-
-    def last_mark() -> Any:
-        return read_last_mark(index_dir) if os.path.exists(os.path.join(index_dir, "lastMark")) else None
-
-    with bk.connect(timeout_s=30) as c:
-        for k in range(5):  # each round: 400 ledgers with new entries, then a checkpoint
-            mark = last_mark()
-            multi(c, 2 * k, 2)
-            resp = c.recv()
-            assert isinstance(resp, w.MultiAddResponse) and set(resp.statuses) == {Status.EOK}, resp
-            for lid in ledgers:
-                acked[lid] = 2 * k + 1
-            deadline = time.monotonic() + 30
-            while last_mark() == mark:
-                assert time.monotonic() < deadline, "no checkpoint ran"
-                time.sleep(0.05)
-        deadline = time.monotonic() + 30
-        while list_segments(journal_dir)[0] == first_segment:
-            assert time.monotonic() < deadline, "checkpoints did not trim the journal"
-            time.sleep(0.05)
-        in_flight: dict[int, int] = {}
-        first = 10
-        for _ in range(3):
-            in_flight[multi(c, first, 2)] = first + 1
-            first += 2
-        resp = c.recv()
-        assert set(resp.statuses) == {Status.EOK}
-        last = in_flight.pop(resp.rid)
-        for lid in ledgers:
-            acked[lid] = max(acked[lid], last)
-        time.sleep(0.15)
-        bk.kill9()
-    bk.start()
-    with bk.connect(timeout_s=30) as c:
-        for lid in ledgers:
-            resp = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=lid, first_entry_id=0, count=acked[lid] + 1,
-                                        flags=w.ReadFlag(0), master_key=None))
-            got = []
-            for i, blob in enumerate(resp.entries):
-                parsed = parse_entry(blob, digest)
-                assert (parsed.ledger_id, parsed.entry_id) == (lid, i)
-                assert bytes(parsed.payload) == payload(lid, i), f"ledger {lid} entry {i}: wrong bytes"
-                got.append(i)
-            assert got == list(range(acked[lid] + 1)), f"ledger {lid}: {resp.status!r}"
-    assert bk.stop() == 0
+    multi_adds_through_checkpoints_then_kill9(bk, list(range(2000, 2400)), rounds=5)

@@ -11,10 +11,9 @@ from pathlib import Path
 from zbk.errors import ZbkError
 from zbk.storage.journal import list_segments, segment_name
 from zbk.wire import messages as w
-from zbk.wire.codec import encode
 from zbk.wire.status import Status
 
-from .util import MK, add, check_payloads, entry, read
+from .util import MK, add, check_payloads, entry, multi_adds_through_checkpoints_then_kill9, read
 
 LEDGERS = 50
 TARGET_ACKED = 10_000
@@ -188,60 +187,9 @@ def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledger
     fsyncs, see LedgerCache.flush): checkpoints run with hundreds of dirty ledgers (new index
     files, then rewritten pages), the journal before their marks is deleted, and after a
     kill -9 in the middle of more adds every acknowledged entry is read back."""
-    from zbk.storage.markers import read_last_mark
-
-    ledgers = list(range(1000, 1600))
     bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1})
     bk.start()
-    index_dir = str(bk.data_dir / "index")
-    journal_dir = str(bk.data_dir / "journal")
-    first_segment = list_segments(journal_dir)[0]
-    acked = dict.fromkeys(ledgers, -1)
-
-    def multi(c, first: int, count: int) -> int:
-        parts = [w.AddRequest(rid=0, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
-                              entries=[entry(lid, e, 512) for e in range(first, first + count)]) for lid in ledgers]
-        rid = c.next_rid()
-        c.sock.send_multipart(encode(w.MultiAddRequest(rid=rid, parts=parts)), copy=False)
-        return rid
-
-    with bk.connect(timeout_s=30) as c:
-        for k in range(4):  # each round: 600 dirty ledgers; wait for a checkpoint after each
-            mark = read_last_mark(index_dir) if os.path.exists(os.path.join(index_dir, "lastMark")) else None
-            multi(c, 2 * k, 2)
-            resp = c.recv()
-            assert isinstance(resp, w.MultiAddResponse) and set(resp.statuses) == {Status.EOK}, resp
-            for lid in ledgers:
-                acked[lid] = 2 * k + 1
-            deadline = time.monotonic() + 30
-            while (not os.path.exists(os.path.join(index_dir, "lastMark"))
-                   or read_last_mark(index_dir) == mark):
-                assert time.monotonic() < deadline, "no checkpoint ran"
-                time.sleep(0.05)
-        # Journal segments before the mark are gone: those entries live only in logs + index.
-        deadline = time.monotonic() + 30
-        while list_segments(journal_dir)[0] == first_segment:
-            assert time.monotonic() < deadline, "checkpoints did not trim the journal"
-            time.sleep(0.05)
-        # More adds pipelined, killed while a checkpoint of these dirty ledgers may run.
-        in_flight: dict[int, int] = {}
-        first = 8
-        for _ in range(3):
-            in_flight[multi(c, first, 2)] = first + 1
-            first += 2
-        resp = c.recv()
-        assert set(resp.statuses) == {Status.EOK}
-        last = in_flight.pop(resp.rid)
-        for lid in ledgers:
-            acked[lid] = max(acked[lid], last)
-        time.sleep(0.15)
-        bk.kill9()
-    bk.start()
-    with bk.connect(timeout_s=30) as c:
-        for lid in ledgers:
-            resp = read(c, lid, 0, count=acked[lid] + 1)
-            assert check_payloads(resp, lid, 512) == list(range(acked[lid] + 1)), f"ledger {lid}: {resp.status!r}"
-    assert bk.stop() == 0
+    multi_adds_through_checkpoints_then_kill9(bk, list(range(1000, 1600)), rounds=4)
 
 
 def test_a_stop_under_reads_and_adds_is_quick_and_clean(bookies):
