@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from zbk import limits
 from zbk.actors.base import ListOutbox
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import (
@@ -599,13 +600,14 @@ def blob(lid: int, eid: int) -> bytes:
     return build_entry(lid, eid, eid - 1, r.randbytes(r.randrange(100, 600)), DIGEST)
 
 
-def boot(root: Path) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
+def boot(root: Path, *, log_bytes: int = LOG_BYTES, write_buffer_bytes: int = 2048,
+         cache_bytes: int = limits.ledger_cache_bytes_max_default) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
     """The storage half of Bookie.boot: open (sealing torn logs), replay, checkpoint."""
     jdir, ldir, xdir = (str(root / d) for d in ("journal", "ledgers", "index"))
     for d in (jdir, ldir, xdir):
         os.makedirs(d, exist_ok=True)
-    logs = EntryLogWriter([ldir], size_limit_bytes=LOG_BYTES, write_buffer_bytes=2048, disk=DISK)
-    cache = LedgerCache([xdir], disk=DISK)
+    logs = EntryLogWriter([ldir], size_limit_bytes=log_bytes, write_buffer_bytes=write_buffer_bytes, disk=DISK)
+    cache = LedgerCache([xdir], cache_bytes, disk=DISK)
     for rec, _ in replay(jdir, read_last_mark(xdir)):
         if rec.type == RecordType.ADD:
             cache.put(rec.ledger_id, rec.entry_id, logs.append(rec.ledger_id, rec.entry_id, rec.payload))

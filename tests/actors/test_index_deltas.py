@@ -24,38 +24,23 @@ from zbk.actors.messages import Checkpoint
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.index import PAGE_BYTES
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
+from zbk.storage.journal import JournalWriter, LogMark
 from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import read_last_mark, write_last_mark
+from zbk.storage.markers import write_last_mark
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
 
 from .test_gc import DISK, MK, T0, PipeOutbox, _unchanged, blob
+from .test_gc import boot as gc_boot
 
 LEDGERS = range(1, 121)
 CACHE_BYTES = 8 * PAGE_BYTES  # far fewer pages than ledgers: most puts find no page cached
 
 
 def boot(root: Path) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
-    """The storage half of Bookie.boot (as tests/actors/test_gc.py's), with a small cache."""
-    jdir, ldir, xdir = (str(root / d) for d in ("journal", "ledgers", "index"))
-    for d in (jdir, ldir, xdir):
-        os.makedirs(d, exist_ok=True)
-    logs = EntryLogWriter([ldir], size_limit_bytes=256 * 1024, write_buffer_bytes=4096, disk=DISK)
-    cache = LedgerCache([xdir], CACHE_BYTES, disk=DISK)
-    for rec, _ in replay(jdir, read_last_mark(xdir)):
-        if rec.type == RecordType.ADD:
-            cache.put(rec.ledger_id, rec.entry_id, logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-        elif rec.type == RecordType.MASTER_KEY:
-            cache.set_master_key(rec.ledger_id, rec.payload)
-    journal = JournalWriter(jdir, 1 << 20, disk=DISK)
-    logs.flush()
-    cache.flush()
-    mark = journal.sync(fsync=True)
-    write_last_mark(xdir, mark, disk=DISK)
-    journal.delete_segments_before(mark)
-    return logs, cache, journal
+    """The storage half of Bookie.boot (tests/actors/test_gc.py's), with a small cache."""
+    return gc_boot(root, log_bytes=256 * 1024, write_buffer_bytes=4096, cache_bytes=CACHE_BYTES)
 
 
 class Sim:
