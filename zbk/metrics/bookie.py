@@ -34,6 +34,8 @@ DISK_USAGE_RATIO = Gauge("zbk_bookie_disk_usage_ratio", "Used / total bytes of t
 CHECKPOINTS_TOTAL = Counter("zbk_bookie_checkpoints_total", "Checkpoints completed (logs and index flushed, mark persisted)")
 GC_RECLAIMED_BYTES = Counter("zbk_gc_reclaimed_bytes_total", "Bytes of entry logs reclaimed by garbage collection")
 GC_COMPACTIONS = Counter("zbk_gc_compactions_total", "Entry log compactions", ["kind"])
+ADDS_HELD = Gauge("zbk_bookie_adds_held",
+                  "Add requests held while the index's dirty pages are over their bound (IndexPressure)")
 
 for _kind in ("minor", "major"):  # exported at 0 from the start, so rate() works before a first compaction
     GC_COMPACTIONS.labels(_kind)
@@ -45,5 +47,3 @@ def add_outcome(status: Any) -> tuple[Any, Any]:
     status (zbk.wire.status.Status): ``labels()`` takes a lock and checks its arguments on
     every call, and the add path answers thousands of requests a second."""
     return ADD_ENTRY_SECONDS.labels(status.name), REQUESTS_TOTAL.labels("add", status.name)
-ADDS_HELD = Gauge("zbk_bookie_adds_held",
-                  "Add requests held while the index's dirty pages are over their bound (IndexPressure)")
