@@ -138,8 +138,7 @@ class LedgerCache:
         led = self._ledgers[key[0]]
         page = self._load_page(led, key[1])  # before the delta goes: a failed read loses nothing
         delta = self._deltas.pop(key)
-        for entry_id, location in delta.items():
-            index.set_slot(page, entry_id, location)
+        _apply(page, delta)
         self._delta_slots -= len(delta)
         self._dirty[key] = page
         self._evict()
@@ -232,8 +231,7 @@ class LedgerCache:
         if page is not None:
             return page
         page = self._load_page(led, page_no)
-        for entry_id, location in self._deltas.get(key, {}).items():
-            index.set_slot(page, entry_id, location)
+        _apply(page, self._deltas.get(key, {}))
         return page
 
     # --- headers ---------------------------------------------------------------------------
@@ -518,3 +516,9 @@ class LedgerCache:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def _apply(page: Page, delta: dict[int, int]) -> None:
+    """Put a delta's slots (entry id -> location) into its page as read from the file."""
+    for entry_id, location in delta.items():
+        index.set_slot(page, entry_id, location)
