@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.bookie import BookieProcess
-from helpers.etcd import EtcdCluster
+from helpers.etcd import ETCD_DEFAULT_TIMING, EtcdCluster
 from helpers.procs import free_port, start_process, stop_process, tail
 
 from chaos.faults import Fault
@@ -138,7 +138,7 @@ class ChaosCluster:
         self.s = settings
         self.findings = findings
         self.log = log
-        self.etcd = EtcdCluster(root / "etcd", size=3)
+        self.etcd = EtcdCluster(root / "etcd", size=3, timing=ETCD_DEFAULT_TIMING)
         self.uri = ""
         self.bookies: list[BookieProcess] = []
         self.autorecovery: list[AutoRecoveryProc] = []

@@ -2,8 +2,11 @@
 
 Each member has its own data dir and log file under a test tmp dir; ``kill`` and
 ``start`` again reuse the same ports and data dir (a restart). Timing flags are tightened
-(heartbeat 50 ms, election 500 ms) so that elections after a kill, and the minimum lease
-TTL (1.5 election timeouts), stay short.
+by default (heartbeat 50 ms, election 500 ms) so that elections after a kill, and the
+minimum lease TTL (1.5 election timeouts), stay short. A cluster that must ride out a
+starved host (the chaos run) passes ``timing=ETCD_DEFAULT_TIMING`` (etcd's own 100 ms /
+1000 ms): with 500 ms elections, a few hundred milliseconds of CPU steal make followers
+call elections, and every request fails until a leader holds again.
 """
 
 from __future__ import annotations
@@ -26,13 +29,19 @@ ETCD_BIN = shutil.which("etcd") or "/usr/bin/etcd"
 START_ATTEMPTS = 3  # new ports after "address already in use" (another test took ours)
 
 
+FAST_TIMING = (50, 500)  # heartbeat ms, election timeout ms
+ETCD_DEFAULT_TIMING = (100, 1000)
+
+
 class EtcdUnavailable(RuntimeError):
     pass
 
 
 class EtcdMember:
-    def __init__(self, name: str, base_dir: Path, client_port: int, peer_port: int) -> None:
+    def __init__(self, name: str, base_dir: Path, client_port: int, peer_port: int,
+                 timing: tuple[int, int] = FAST_TIMING) -> None:
         self.name = name
+        self.timing = timing
         self.data_dir = base_dir / f"{name}.etcd"
         self.log_path = base_dir / f"{name}.log"
         self.client_port = client_port
@@ -61,7 +70,7 @@ class EtcdMember:
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.cluster_token,
             "--initial-cluster-state", "new",
-            "--heartbeat-interval", "50", "--election-timeout", "500",
+            "--heartbeat-interval", str(self.timing[0]), "--election-timeout", str(self.timing[1]),
             "--logger", "zap", "--log-level", "warn",
         ]
 
@@ -108,10 +117,11 @@ class EtcdMember:
 class EtcdCluster:
     """``size`` members forming one cluster; ``uri(scope)`` lists every endpoint."""
 
-    def __init__(self, base_dir: Path, size: int = 1) -> None:
+    def __init__(self, base_dir: Path, size: int = 1, timing: tuple[int, int] = FAST_TIMING) -> None:
         assert size >= 1
         self.base_dir = base_dir
         self.size = size
+        self.timing = timing
         self.members: list[EtcdMember] = []
 
     @property
@@ -145,7 +155,7 @@ class EtcdCluster:
         token = f"zbk-test-{uuid.uuid4().hex[:8]}"
         directory = self.base_dir / f"try{attempt}"
         directory.mkdir(parents=True, exist_ok=True)
-        self.members = [EtcdMember(f"m{i}", directory, free_port(), free_port()) for i in range(self.size)]
+        self.members = [EtcdMember(f"m{i}", directory, free_port(), free_port(), self.timing) for i in range(self.size)]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.initial_cluster, m.cluster_token = initial, token
