@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from chaos.workload import PASSWORD, LedgerRecord, payload
 from zbk.client.bookkeeper import AsyncBookKeeper
-from zbk.errors import ZbkError
+from zbk.errors import MetadataUnavailableError, ZbkError
 from zbk.metadata import layout
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.wire import messages as w
@@ -32,6 +32,24 @@ from zbk.wire.status import Status
 LIST_TIMEOUT_S = 5.0
 READ_ATTEMPTS = 3  # per entry, in a row
 READ_FAILURES_MAX = 60  # per ledger
+METADATA_PATIENCE_S = 120.0  # per metadata call of the checks
+
+T = TypeVar("T")
+
+
+async def patient(call: Callable[[], Awaitable[T]]) -> T:
+    """A metadata read of the checks, retried while the store does not answer: the checks
+    ask whether data survived, and an etcd without a leader for a while (a starved host
+    calls elections) says nothing about that. A store silent for METADATA_PATIENCE_S still
+    fails the checks (the caller reports it)."""
+    deadline = time.monotonic() + METADATA_PATIENCE_S
+    while True:
+        try:
+            return await call()
+        except MetadataUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
 
 
 @dataclass
@@ -79,8 +97,8 @@ class PersistenceResult:
 
 async def all_metadata(bk: AsyncBookKeeper) -> dict[int, LedgerMetadata]:
     out = {}
-    for lid in await bk.list_ledgers():
-        out[lid] = await bk.ledger_metadata(lid)
+    for lid in await patient(bk.list_ledgers):
+        out[lid] = await patient(lambda lid=lid: bk.ledger_metadata(lid))  # type: ignore[misc]
     return out
 
 
@@ -168,7 +186,7 @@ async def replication_status(bk: AsyncBookKeeper, bookie_info: Callable[[], dict
     store = bk.ctx.store
     prefixes = [layout.UNDERREPLICATED_LEDGERS] + ([layout.REPAIRS] if hasattr(layout, "REPAIRS") else [])
     for prefix in prefixes:
-        kvs = await asyncio.to_thread(lambda p=prefix: store.list(p))  # type: ignore[misc]
+        kvs = await patient(lambda p=prefix: asyncio.to_thread(store.list, p))  # type: ignore[misc]
         st.marks += [kv.key for kv in kvs]
     infos = await asyncio.to_thread(bookie_info)
     st.limbo = {b: int(i.get("limbo_ledgers", 0)) for b, i in infos.items() if i.get("limbo_ledgers", 0)}
@@ -196,7 +214,7 @@ async def _read_all(bk: AsyncBookKeeper, md: LedgerMetadata) -> dict[int, bytes]
     got: dict[int, bytes] = {}
     if md.last_entry_id < 0:
         return got
-    rh = await bk.open_ledger(md.ledger_id, password=PASSWORD, recovery=False)
+    rh = await patient(lambda: bk.open_ledger(md.ledger_id, password=PASSWORD, recovery=False))
     nxt, fails_here, fails = 0, 0, 0
     while nxt <= md.last_entry_id and fails < READ_FAILURES_MAX:
         try:

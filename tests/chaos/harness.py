@@ -82,6 +82,7 @@ class ChaosReport:
     unexpected_exits: list[str] = field(default_factory=list)
     log_exceptions: list[str] = field(default_factory=list)  # tracebacks in any process's log
     action_errors: list[str] = field(default_factory=list)
+    heal_error: str = ""  # the cluster did not come back whole after the faults
     elapsed_s: float = 0.0
     checked: bool = False  # the final checks ran to the end
 
@@ -92,6 +93,8 @@ class ChaosReport:
             out.append(f"{self.entries_lost} acknowledged entries lost")
         if not self.checked:
             out.append("the final checks did not run to the end")
+        if self.heal_error:
+            out.append(f"the cluster did not heal: {self.heal_error}")
         out += self.persistence_problems + self.violations + self.client_errors + self.unexpected_exits
         out += self.log_exceptions
         if self.time_to_full_replication_s is None:
@@ -187,7 +190,11 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
         _inject(cluster, workload, plan, cfg.fault_s, report, log)
         t_faults_end = time.monotonic()
         log("chaos: faults over; healing")
-        cluster.heal()
+        try:
+            cluster.heal()
+        except Exception as e:  # noqa: BLE001 - a failure of the run, reported; the checks still run
+            report.heal_error = f"{type(e).__name__}: {e}"
+            log(f"chaos: the cluster did not heal: {report.heal_error}")
         workload.finish(120.0)
         log(f"chaos: healed, writers done in {time.monotonic() - t_faults_end:.1f} s")
         asyncio.run(_settle_and_check(cfg, cluster, workload, report, t_faults_end, log))
@@ -247,7 +254,7 @@ async def _settle_and_check(cfg: ChaosConfig, cluster: ChaosCluster, workload: W
         left = await checks.recover_all(bk, deadline, log)
         if left:
             log(f"chaos: {len(left)} ledgers could not be recovered: {left[:10]}")
-        for lid in await bk.list_ledgers():
+        for lid in await checks.patient(bk.list_ledgers):
             rec = workload.ledgers.get(lid)
             if rec is not None and rec.failed and not rec.recovered:
                 rec.recovered = True

@@ -20,9 +20,10 @@ from helpers.procs import stop_process
 
 from chaos import checks
 from chaos.faults import BOOKIE_KINDS, KINDS, PlanSettings, make_plan, plan_counts
-from chaos.harness import ChaosConfig, run_chaos
+from chaos.harness import ChaosConfig, ChaosReport, run_chaos
 from chaos.workload import CLIENT, PASSWORD, LedgerRecord, payload
 from zbk.client.bookkeeper import AsyncBookKeeper
+from zbk.errors import MetadataUnavailableError, NoSuchLedgerError
 from zbk.metadata.registry import LedgerStore
 
 SEEDS = range(300)
@@ -140,3 +141,40 @@ async def _check_the_checks(uri: str, bookie_ids: list[str]) -> None:
         assert status.gaps == {lid: 50} and status.below_aq == {}
         assert status.limbo == {bookie_ids[0]: 1}
         assert spare.rsplit(":", 1)[1] + " lacks 50 [0-49]" in status.details[0]
+
+
+def test_patient_rides_out_an_unavailable_store_but_not_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end checks wait for a store that does not answer for a while (etcd electing a
+    leader on a starved host) and still fail on one that stays silent, or on any other error."""
+    monkeypatch.setattr(checks, "METADATA_PATIENCE_S", 2.5)
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise MetadataUnavailableError("no leader")
+        return "answer"
+
+    async def silent() -> str:
+        raise MetadataUnavailableError("no leader")
+
+    async def other() -> str:
+        calls.append(1)
+        raise NoSuchLedgerError("gone")
+
+    assert asyncio.run(checks.patient(flaky)) == "answer" and len(calls) == 3
+    with pytest.raises(MetadataUnavailableError):
+        asyncio.run(checks.patient(silent))
+    calls.clear()
+    with pytest.raises(NoSuchLedgerError):
+        asyncio.run(checks.patient(other))
+    assert len(calls) == 1
+
+
+def test_a_cluster_that_did_not_heal_is_a_failed_run() -> None:
+    report = ChaosReport(seed=1, fault_s=1.0, plan=[], entries_acked=10, checked=True,
+                         time_to_full_replication_s=1.0)
+    assert report.failures() == []
+    report.heal_error = "AssertionError: autorecovery not ready with a leader in 90.0s"
+    assert report.failures() == ["the cluster did not heal: " + report.heal_error]
+    assert "did not heal" in report.table()
