@@ -184,3 +184,24 @@ def test_failure_after_a_grace_wait_still_backs_off(env: Env) -> None:
     assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
     asyncio.run(env.replicator.run_once())  # still backing off: no attempt, no growth
     assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
+
+
+def test_a_mark_another_worker_finished_after_our_listing_is_not_worked_again(env: Env) -> None:
+    """Workers list the marks, then lock one ledger at a time: a mark another worker finished
+    (and unlocked) since the listing is skipped, not repaired a second time. (A chaos run
+    showed limbo repairs done twice, 50 ms apart, by one process's two workers.)"""
+    lid = env.md.ledger_id
+    stale = env.registry.list()
+    other = rep.Replicator(env.ctx, UnderReplicationRegistry(env.store, "other-worker"), env.store.grant_lease(60),
+                           grace_period_s=0.0, rng=random.Random(8))
+    assert asyncio.run(other.run_once())
+    assert env.registry.list() == []
+    env.registry.mark_repair(lid, LIVE[0], "check")
+    stale_repairs = env.registry.list_repairs()
+    assert env.registry.clear_repair(stale_repairs[0])  # finished by someone else, too
+    env.registry.list = lambda: stale  # type: ignore[method-assign]
+    env.registry.list_repairs = lambda: stale_repairs  # type: ignore[method-assign]
+    before = env.t.requests
+    assert not asyncio.run(env.replicator.run_once())
+    assert env.t.requests == before, "nothing is sent for marks that are gone"
+    assert env.registry.lock_holder(lid) is None

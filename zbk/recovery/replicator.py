@@ -4,7 +4,8 @@ One pass of a worker over the marks (``underreplication/ledgers/``), in random o
 that workers spread out:
 
 1. Take the ledger's lease-bound lock (skip it if another worker holds it, or if it is
-   backing off after a failure).
+   backing off after a failure), then read the mark again: the pass's list is older than
+   the lock, and a mark another worker finished meanwhile is skipped, not worked twice.
 2. The ledger's *lost* bookies: those the mark names that are registered neither
    writable nor read-only. Only named ones: the auditor applies the recovery delay, so a
    bookie merely restarting is never replaced (nor an open ledger fenced because of it).
@@ -133,12 +134,22 @@ class Replicator:
                 if not await asyncio.to_thread(self.registry.try_lock, lid, self.lease):
                     continue
                 try:
-                    return await self._attempt(mark)
+                    # The list is older than the lock: another worker may have finished this
+                    # mark (and released the lock) since. Work from the mark as it is now.
+                    current = await asyncio.to_thread(self._current, mark)
+                    if current is None:
+                        continue
+                    return await self._attempt(current)
                 finally:
                     await asyncio.to_thread(self.registry.unlock, lid)
             finally:
                 self._busy.discard(lid)
         return False
+
+    def _current(self, mark: UnderReplicatedLedger | RepairMark) -> UnderReplicatedLedger | RepairMark | None:
+        if isinstance(mark, RepairMark):
+            return self.registry.get_repair(mark.ledger_id, mark.bookie_id)
+        return self.registry.get(mark.ledger_id)
 
     def _forget_unmarked(self, marked: set[int]) -> None:
         """Drop back-off and grace state of ledgers that others repaired (bounded memory)."""

@@ -193,6 +193,12 @@ class UnderReplicationRegistry:
             out.append(RepairMark.decode(kv.value, ledger_id=lid, bookie_id=bookie, version=kv.version))
         return out
 
+    def get_repair(self, ledger_id: int, bookie_id: str) -> RepairMark | None:
+        kv = self.store.get(layout.repair_key(ledger_id, bookie_id))
+        if kv is None:
+            return None
+        return RepairMark.decode(kv.value, ledger_id=ledger_id, bookie_id=bookie_id, version=kv.version)
+
     def count_repairs(self) -> int:
         return sum(1 for _ in iter_prefix(self.store, layout.REPAIRS))
 
