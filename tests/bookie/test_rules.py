@@ -93,9 +93,13 @@ def test_journal_off_kill9_makes_open_ledgers_fenced_and_limbo(bookies):
         assert read(c, closed_md.ledger_id, 3).status in (Status.ENOENTRY, Status.ENOLEDGER)
         assert add(c, lid, [0], flags=AddFlag.RECOVERY_ADD).status == Status.EOK
         assert check_payloads(read(c, lid, 0), lid) == [0]
-    # Phase two is asked for in the metadata: one repair mark, for the limbo ledger only.
+    # Phase two is asked for in the metadata: a repair mark for the limbo ledger, and one for
+    # the closed ledger, whose 10 entries assigned here are gone from the index (BP-46 phase
+    # two checks every ledger).
     marks = UnderReplicationRegistry(store, "test").list_repairs()
-    assert [(m.ledger_id, m.bookie_id, m.why) for m in marks] == [(lid, bk.bookie_id, "limbo")]
+    assert sorted((m.ledger_id, m.bookie_id, m.why) for m in marks) == \
+        sorted([(lid, bk.bookie_id, "limbo"), (closed_md.ledger_id, bk.bookie_id, "unclean")])
+    assert "closed_ledgers_lacking=1" in bk.log_tail(80)
     # CLEAR_LIMBO (what the repairer sends once the ledger is whole here) needs the key and
     # is journaled: after the ledger is closed (phase one leaves closed ledgers alone) and a
     # kill -9, the bookie comes back with no limbo ledger.
@@ -270,3 +274,15 @@ def test_new_disks_under_an_id_that_ledgers_name_run_phase_one(bookies):
         assert add(c, md.ledger_id, [0]).status == Status.EFENCED
     assert bk.stop() == 0
     store.close()
+
+
+def test_count_missing_against_index_ranges():
+    """Phase one's check of a closed ledger: which assigned entries the index ranges lack."""
+    from zbk.actors.bookie import count_missing
+
+    assert count_missing([], []) == 0
+    assert count_missing([0, 1, 2], []) == 3
+    assert count_missing([0, 1, 2], [(0, 2)]) == 0
+    assert count_missing([0, 2, 3, 5, 6, 8], [(0, 0), (3, 5)]) == 3  # 2, 6, 8
+    assert count_missing([4, 5], [(0, 1), (9, 12)]) == 2
+    assert count_missing([10, 11, 20], [(0, 10), (12, 19), (21, 30)]) == 2  # 11, 20

@@ -118,3 +118,60 @@ def test_journal_off_kill9_limbo_is_repaired_by_autorecovery(rcluster) -> None:
     finally:
         bk.close()
         store.close()
+
+
+CLOSED_LEDGERS = 3
+
+
+def test_journal_off_kill9_closed_ledgers_lacking_entries_are_refilled(rcluster) -> None:
+    """BP-46 phase two checks every ledger, closed ones too: a journal-off bookie killed -9
+    after its ledgers closed lost their unflushed entries; at restart it marks each closed
+    ledger lacking entries ("unclean", no limbo), and autorecovery copies them back in place
+    without waiting for the periodic check."""
+    bookies = rcluster.start_bookies(3, settings=NO_JOURNAL)
+    store = open_store(rcluster.uri)
+    ledgers = LedgerStore(store)
+    bk = zbk.BookKeeper(rcluster.uri, config=FAST)
+    try:
+        closed = []
+        for _ in range(CLOSED_LEDGERS):
+            lh = bk.create_ledger(3, 2, 2, password=PW)  # striped: each bookie holds 2/3
+            [f.result(30) for f in [lh.append_async(data(lh.ledger_id, i)) for i in range(ENTRIES)]]
+            lh.close()
+            closed.append(lh.ledger_id)
+        victim = bookies[2]
+        victim.kill9()
+        victim.start()
+
+        registry = UnderReplicationRegistry(store, "test")
+        marks = registry.list_repairs()
+        assert {(m.ledger_id, m.bookie_id, m.why) for m in marks} == \
+            {(lid, victim.bookie_id, "unclean") for lid in closed}
+        assert info(victim.bookie_id).limbo_ledgers == 0, "closed ledgers are not put in limbo"
+        for lid in closed:
+            md, _ = ledgers.read(lid)
+            lost = unreadable_on(victim.bookie_id, md)
+            assert len(lost) == 2 * ENTRIES // 3, f"ledger {lid}: the victim still has {lost[:5]}..."
+        assert "closed_ledgers_lacking=3" in victim.log.read_text()
+
+        ar = rcluster.start_autorecovery(lost_bookie_recovery_delay_s=60, lease_ttl_s=3)
+        wait_until(lambda: not UnderReplicationRegistry(store, "test").list_repairs(), timeout_s=60,
+                   interval_s=0.3, message="the unclean repair marks to be worked")
+        for lid in closed:
+            md, _ = ledgers.read(lid)
+            assert victim.bookie_id in md.all_bookies(), "repaired in place, not replaced"
+            assert unreadable_on(victim.bookie_id, md) == []
+        assert ar.metric("zbk_replicator_ledgers_replicated_total") == 0
+        assert ar.metric("zbk_replicator_limbo_ledgers_repaired_total") == 0
+
+        # A clean restart finds nothing to do; so does an unclean one now that the victim's
+        # entries are back and checkpointed.
+        victim.stop()
+        victim.start()
+        victim.kill9()
+        victim.start()
+        assert registry.list_repairs() == []
+        assert ar.stop() == 0
+    finally:
+        bk.close()
+        store.close()

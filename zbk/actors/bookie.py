@@ -8,7 +8,9 @@ Boot (ARCHITECTURE.md "Boot sequence", BP-46), all before any request is served:
 3. Replay the journal from the last mark into the entry logs and index, then checkpoint.
 4. Phase one, if the cookie was fixed, or the shutdown was unclean while adds were not
    fsynced to the journal (journal_write_data or journal_sync_data off): every ledger that
-   is not CLOSED and has this bookie in an ensemble becomes fenced and limbo, durably.
+   is not CLOSED and has this bookie in an ensemble becomes fenced and limbo, durably; every
+   CLOSED one whose entries assigned here are not all in the index gets an ``unclean``
+   repair mark (BP-46 phase two checks each ledger, closed ones too).
    (With the journal on and synced, replay restores every acknowledged add, so fencing
    every open ledger after each crash would only break healthy writers.)
 5. Start the actors, bind the port, register as writable (lease-bound) and serve.
@@ -45,7 +47,7 @@ from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError, KeyExistsError, LeaseExpiredError
+from zbk.errors import CookieMismatchError, CorruptDataError, KeyExistsError, LeaseExpiredError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
@@ -69,12 +71,24 @@ ACTOR_EXIT_BASE = 10
 ACTORS = ("server", "journal", "entrylogger", "index", "gc")
 
 
+def count_missing(ids: list[int], ranges: list[tuple[int, int]]) -> int:
+    """How many of the ascending ``ids`` lie outside the ascending, disjoint inclusive ``ranges``."""
+    missing, r = 0, 0
+    for i in ids:
+        while r < len(ranges) and ranges[r][1] < i:
+            r += 1
+        if r == len(ranges) or i < ranges[r][0]:
+            missing += 1
+    return missing
+
+
 @dataclass
 class BootReport:
     unclean: bool
     cookie_fixed: bool
     replayed_records: int
     phase_one_ledgers: int
+    closed_ledgers_lacking: int = 0  # closed ledgers given an "unclean" repair mark by phase one
 
 
 class Bookie:
@@ -93,6 +107,7 @@ class Bookie:
         self.autorecovery: Any = None  # zbk.recovery.process.AutoRecovery with autorecovery_enabled
         self.server: ServerCore | None = None
         self.boot_report: BootReport | None = None
+        self.unclean_repairs = 0  # closed ledgers phase one found lacking entries here
         self._reg_lock = threading.Lock()
         self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbk-registrar")
         self.journal_dir = self.cfg.journal_dirs[0]
@@ -176,9 +191,9 @@ class Bookie:
         if cookie_fixed or (unclean and not durable_adds):
             phase_one = self._phase_one()
         self._publish_limbo_marks()
-        self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one)
-        log.info("boot: unclean=%s cookie_fixed=%s replayed=%d phase_one_ledgers=%d",
-                 unclean, cookie_fixed, replayed, phase_one)
+        self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one, self.unclean_repairs)
+        log.info("boot: unclean=%s cookie_fixed=%s replayed=%d phase_one_ledgers=%d closed_ledgers_lacking=%d",
+                 unclean, cookie_fixed, replayed, phase_one, self.unclean_repairs)
         return self.boot_report
 
     def _replay(self, *, journal_replaced: bool = False) -> int:
@@ -219,9 +234,18 @@ class Bookie:
         return n
 
     def _phase_one(self) -> int:
-        """BP-46 phase one: fence and limbo every non-closed ledger with us in an ensemble."""
+        """BP-46 phase one: fence and limbo every non-closed ledger with us in an ensemble.
+
+        And the closed ledgers' half of phase two ("check that all entries assigned to this
+        bookie exist in the index; copy any that are missing"): a closed ledger lacking
+        entries here gets an ``unclean`` repair mark, which the replicators fill. Written
+        before we serve; a crash before then leaves the dirty marker, so the next boot
+        looks again."""
+        from zbk.recovery.underreplication import UnderReplicationRegistry
+
         me = self.cfg.bookie_id
         count = 0
+        lacking: dict[int, int] = {}  # closed ledger -> entries assigned here but not held
         for kv in iter_prefix(self.store, layout.LEDGERS):
             lid = layout.ledger_id_from_key(kv.key)
             try:
@@ -229,7 +253,12 @@ class Bookie:
             except Exception as e:  # noqa: BLE001 - a corrupt ledger must not stop the others
                 log.error("phase one: skipping ledger %d: %s", lid, e)
                 continue
-            if md.is_closed or me not in md.all_bookies():
+            if me not in md.all_bookies():
+                continue
+            if md.is_closed:
+                missing = self._entries_lacking(md)
+                if missing:
+                    lacking[lid] = missing
                 continue
             self.cache.set_fenced(lid, True)
             self.cache.set_limbo(lid, True)
@@ -237,7 +266,27 @@ class Bookie:
                 self.cache.set_master_key(lid, master_key(md.password))
             count += 1
         self.cache.flush()  # durable before we register and serve
+        if lacking:
+            registry = UnderReplicationRegistry(self.store, me)
+            new = sum(registry.mark_repair(lid, me, "unclean", f"{n} entries assigned here are missing after an "
+                                           "unclean shutdown") for lid, n in lacking.items())
+            log.warning("phase one: %d closed ledger(s) lack %d entries here; %d new repair mark(s)",
+                        len(lacking), sum(lacking.values()), new)
+        self.unclean_repairs = len(lacking)
         return count
+
+    def _entries_lacking(self, md: LedgerMetadata) -> int:
+        """How many entries ``md`` (closed) assigns to this bookie that its index lacks."""
+        from zbk.recovery.repair import expected_entries
+
+        try:
+            ranges = self.cache.entry_ids(md.ledger_id) if self.cache.exists(md.ledger_id) else []
+        except CorruptDataError as e:
+            log.error("phase one: ledger %d: index unreadable (%s): all its entries count as missing", md.ledger_id, e)
+            ranges = []
+        if len(ranges) == 1 and ranges[0][0] <= 0 and ranges[0][1] >= md.last_entry_id:
+            return 0  # holds every entry of the ledger
+        return count_missing(expected_entries(md, self.cfg.bookie_id, closed_fragments_only=True), ranges)
 
     def _publish_limbo_marks(self) -> int:
         """Ask for phase two: a repair mark per ledger in limbo here, at every boot (so a

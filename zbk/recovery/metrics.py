@@ -16,7 +16,7 @@ REPLICATOR_LEDGERS_REPLICATED = Counter("zbk_replicator_ledgers_replicated_total
 REPLICATOR_LIMBO_LEDGERS_REPAIRED = Counter("zbk_replicator_limbo_ledgers_repaired_total",
                                             "Limbo ledgers repaired (BP-46 phase two)")
 REPLICATOR_REPAIRS = Counter("zbk_replicator_in_place_repairs_total",
-                             "In-place repairs of a living bookie's copy of a ledger, by cause (limbo|check)",
+                             "In-place repairs of a living bookie's copy of a ledger, by cause (limbo|unclean|check)",
                              ["why"])
 AUDITOR_REPAIR_MARKS = Gauge("zbk_auditor_repair_marks",
                              "In-place repair marks pending (limbo ledgers and damaged replicas)")

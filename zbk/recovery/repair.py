@@ -8,6 +8,9 @@ Two causes, one procedure (marks in ``underreplication/repairs/``, see underrepl
   ledger (fence, recovery reads, close at the last recoverable entry), copies to the bookie
   every entry its fragments assign to it that it lacks, checks that it now holds them all,
   and only then sends CLEAR_LIMBO, which the bookie journals before answering.
+* ``unclean`` — the rest of BP-46 phase two: the same boot found a CLOSED ledger whose
+  entries assigned to the bookie are not all in its index (lost with the unflushed data).
+  The repairer copies the missing ones (no recovery: the ledger is closed; no limbo).
 * ``check`` — the auditor's periodic check found entries missing or unreadable on the
   bookie. Only closed fragments are repaired (an open ledger's last fragment is still
   being written). Every entry the bookie should hold is read back from it and checked with

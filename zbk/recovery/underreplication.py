@@ -22,13 +22,17 @@ Keys (ARCHITECTURE.md "Metadata layout"):
       lid int     ledger id, bk text bookie id (must match the key)
       why text    "limbo" (BP-46 phase one ran on the bookie after an unclean shutdown:
                   the repairer recovers the ledger, fills the bookie's holes, then clears
-                  its limbo status) or "check" (the auditor's periodic check found missing
-                  or unreadable entries: the repairer rewrites them from other replicas)
+                  its limbo status), "unclean" (the same boot found a CLOSED ledger
+                  lacking entries assigned to the bookie: the repairer copies them) or
+                  "check" (the auditor's periodic check found missing or unreadable
+                  entries: the repairer rewrites them from other replicas)
       ct  int     when it was marked, milliseconds since the epoch
       d   text    detail for operators (what the check saw), may be empty
 
   Written by the bookie itself at boot (one per limbo ledger, so that a crash between
-  phase one and the marks is repaired by the next boot's marks) and by the auditor; the
+  phase one and the marks is repaired by the next boot's marks; one per closed ledger
+  lacking entries, before it serves, so a crash before then repeats phase one) and by the
+  auditor; the
   repairer holds the ledger's lock (``underreplication/locks/<id>``) while it works, so a
   ledger is never re-replicated and repaired at the same time.
 * ``config/lost_bookie_recovery_delay`` — seconds (decimal text) the auditor waits before
@@ -90,7 +94,7 @@ class UnderReplicatedLedger:
                 "marked_ms": self.marked_ms}
 
 
-REPAIR_REASONS = ("limbo", "check")
+REPAIR_REASONS = ("limbo", "unclean", "check")
 
 
 @dataclass(frozen=True)
