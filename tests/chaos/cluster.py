@@ -40,7 +40,11 @@ def http(method: str, port: int, path: str, body: dict[str, Any] | None = None,
     return raw.decode() if path == "/metrics" else json.loads(raw)
 
 
+UNCLEAN_REPAIRS = 'zbk_replicator_in_place_repairs_total{why="unclean"}'
+
+
 def metric(text: str, name: str) -> float:
+    """A sample's value in Prometheus text; ``name`` may carry its labels as printed."""
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -287,7 +291,7 @@ class ChaosCluster:
             raise RuntimeError(f"no live autorecovery process leads (leader {leader!r})")
         text = victim.metrics()
         for name in ("zbk_replicator_ledgers_replicated_total", "zbk_replicator_entries_copied_total",
-                     "zbk_replicator_limbo_ledgers_repaired_total"):
+                     "zbk_replicator_limbo_ledgers_repaired_total", UNCLEAN_REPAIRS):
             self.ar_metrics_of_dead[name] = self.ar_metrics_of_dead.get(name, 0.0) + metric(text, name)
         stop_process(victim.proc, kill=True)
         self.autorecovery.remove(victim)

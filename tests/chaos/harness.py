@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checks
-from chaos.cluster import ChaosCluster, ClusterSettings, Findings
+from chaos.cluster import UNCLEAN_REPAIRS, ChaosCluster, ClusterSettings, Findings
 from chaos.faults import KIND_LABELS, KINDS, Fault, PlanSettings, make_plan
 from chaos.workload import CLIENT, DEFAULT_WRITERS, Workload, WriterSpec
 from zbk.client import metrics as client_metrics
@@ -74,6 +74,8 @@ class ChaosReport:
     rereplicated_entries: float = 0.0
     limbo_repaired: float = 0.0
     phase_one_ledgers: int = 0  # ledgers fenced and put in limbo by bookies booting after a crash (BP-46)
+    closed_lacking: int = 0  # closed ledgers such a boot found lacking entries (marked "unclean")
+    unclean_repaired: float = 0.0
     time_to_full_replication_s: float | None = None
     replication: str = ""
     persistence_problems: list[str] = field(default_factory=list)
@@ -124,6 +126,8 @@ class ChaosReport:
                  f"{self.rereplicated_entries:.0f} entries",
                  f"{'limbo (BP-46): put in / repaired':<38}{self.phase_one_ledgers:>9}  / {self.limbo_repaired:.0f} "
                  "ledgers",
+                 f"{'closed lacking (BP-46): found / fixed':<38}{self.closed_lacking:>9}  / "
+                 f"{self.unclean_repaired:.0f} ledgers (after unclean journal-off boots)",
                  f"{'time to full replication':<38}{full:>9}"
                  "  (after the faults stopped)"]
         if t is None:
@@ -341,6 +345,9 @@ def _fill_report(report: ChaosReport, cluster: ChaosCluster, workload: Workload 
     report.limbo_repaired = cluster.ar_metric_total("zbk_replicator_limbo_ledgers_repaired_total")
     report.phase_one_ledgers = sum(int(n) for b in cluster.bookies if b.log.exists()
                                    for n in re.findall(r"phase_one_ledgers=(\d+)", b.log.read_text(errors="replace")))
+    report.closed_lacking = sum(int(n) for b in cluster.bookies if b.log.exists()
+                                for n in re.findall(r"closed_ledgers_lacking=(\d+)", b.log.read_text(errors="replace")))
+    report.unclean_repaired = cluster.ar_metric_total(UNCLEAN_REPAIRS)
     report.unexpected_exits = list(findings.unexpected_exits)
     report.log_exceptions = log_exceptions(cluster.root)
     report.action_errors = list(findings.action_errors)
