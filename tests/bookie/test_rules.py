@@ -278,7 +278,7 @@ def test_new_disks_under_an_id_that_ledgers_name_run_phase_one(bookies):
 
 def test_count_missing_against_index_ranges():
     """Phase one's check of a closed ledger: which assigned entries the index ranges lack."""
-    from zbk.actors.bookie import count_missing
+    from zbk.recovery.repair import count_missing
 
     assert count_missing([], []) == 0
     assert count_missing([0, 1, 2], []) == 3

@@ -324,6 +324,11 @@ def log_exceptions(root: Path) -> list[str]:
     return out
 
 
+def _boot_total(logs: list[str], field: str) -> int:
+    """A figure of the bookies' "boot: ... field=N" lines, summed over every boot."""
+    return sum(int(n) for text in logs for n in re.findall(rf"{field}=(\d+)", text))
+
+
 def _fill_report(report: ChaosReport, cluster: ChaosCluster, workload: Workload | None, findings: Findings,
                  changes_before: float) -> None:
     if workload is not None:
@@ -343,10 +348,9 @@ def _fill_report(report: ChaosReport, cluster: ChaosCluster, workload: Workload 
     report.rereplicated_ledgers = cluster.ar_metric_total("zbk_replicator_ledgers_replicated_total")
     report.rereplicated_entries = cluster.ar_metric_total("zbk_replicator_entries_copied_total")
     report.limbo_repaired = cluster.ar_metric_total("zbk_replicator_limbo_ledgers_repaired_total")
-    report.phase_one_ledgers = sum(int(n) for b in cluster.bookies if b.log.exists()
-                                   for n in re.findall(r"phase_one_ledgers=(\d+)", b.log.read_text(errors="replace")))
-    report.closed_lacking = sum(int(n) for b in cluster.bookies if b.log.exists()
-                                for n in re.findall(r"closed_ledgers_lacking=(\d+)", b.log.read_text(errors="replace")))
+    boot_logs = [b.log.read_text(errors="replace") for b in cluster.bookies if b.log.exists()]
+    report.phase_one_ledgers = _boot_total(boot_logs, "phase_one_ledgers")
+    report.closed_lacking = _boot_total(boot_logs, "closed_ledgers_lacking")
     report.unclean_repaired = cluster.ar_metric_total(UNCLEAN_REPAIRS)
     report.unexpected_exits = list(findings.unexpected_exits)
     report.log_exceptions = log_exceptions(cluster.root)

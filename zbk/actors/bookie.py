@@ -71,17 +71,6 @@ ACTOR_EXIT_BASE = 10
 ACTORS = ("server", "journal", "entrylogger", "index", "gc")
 
 
-def count_missing(ids: list[int], ranges: list[tuple[int, int]]) -> int:
-    """How many of the ascending ``ids`` lie outside the ascending, disjoint inclusive ``ranges``."""
-    missing, r = 0, 0
-    for i in ids:
-        while r < len(ranges) and ranges[r][1] < i:
-            r += 1
-        if r == len(ranges) or i < ranges[r][0]:
-            missing += 1
-    return missing
-
-
 @dataclass
 class BootReport:
     unclean: bool
@@ -107,7 +96,6 @@ class Bookie:
         self.autorecovery: Any = None  # zbk.recovery.process.AutoRecovery with autorecovery_enabled
         self.server: ServerCore | None = None
         self.boot_report: BootReport | None = None
-        self.unclean_repairs = 0  # closed ledgers phase one found lacking entries here
         self._reg_lock = threading.Lock()
         self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbk-registrar")
         self.journal_dir = self.cfg.journal_dirs[0]
@@ -187,13 +175,13 @@ class Bookie:
         self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max)
         replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
-        phase_one = 0
+        phase_one = closed_lacking = 0
         if cookie_fixed or (unclean and not durable_adds):
-            phase_one = self._phase_one()
+            phase_one, closed_lacking = self._phase_one()
         self._publish_limbo_marks()
-        self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one, self.unclean_repairs)
+        self.boot_report = BootReport(unclean, cookie_fixed, replayed, phase_one, closed_lacking)
         log.info("boot: unclean=%s cookie_fixed=%s replayed=%d phase_one_ledgers=%d closed_ledgers_lacking=%d",
-                 unclean, cookie_fixed, replayed, phase_one, self.unclean_repairs)
+                 unclean, cookie_fixed, replayed, phase_one, closed_lacking)
         return self.boot_report
 
     def _replay(self, *, journal_replaced: bool = False) -> int:
@@ -233,8 +221,9 @@ class Bookie:
             log.info("journal replay: %d records up to %s", n, tuple(last))
         return n
 
-    def _phase_one(self) -> int:
+    def _phase_one(self) -> tuple[int, int]:
         """BP-46 phase one: fence and limbo every non-closed ledger with us in an ensemble.
+        Returns how many it fenced, and how many closed ledgers it marked (below).
 
         And the closed ledgers' half of phase two ("check that all entries assigned to this
         bookie exist in the index; copy any that are missing"): a closed ledger lacking
@@ -272,12 +261,11 @@ class Bookie:
                                            "unclean shutdown") for lid, n in lacking.items())
             log.warning("phase one: %d closed ledger(s) lack %d entries here; %d new repair mark(s)",
                         len(lacking), sum(lacking.values()), new)
-        self.unclean_repairs = len(lacking)
-        return count
+        return count, len(lacking)
 
     def _entries_lacking(self, md: LedgerMetadata) -> int:
         """How many entries ``md`` (closed) assigns to this bookie that its index lacks."""
-        from zbk.recovery.repair import expected_entries
+        from zbk.recovery.repair import count_missing, expected_entries
 
         try:
             ranges = self.cache.entry_ids(md.ledger_id) if self.cache.exists(md.ledger_id) else []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import master_key
@@ -49,7 +49,6 @@ from zbk.recovery.copier import (
 )
 from zbk.recovery.underreplication import RepairMark, UnderReplicationRegistry
 from zbk.wire import messages as w
-from zbk.wire.messages import EntryRanges
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
@@ -69,10 +68,15 @@ def expected_entries(md: LedgerMetadata, bookie: str, *, closed_fragments_only: 
     return out
 
 
-def held(ranges: EntryRanges, entry_id: int) -> bool:
+def held(ranges: Sequence[tuple[int, int]], entry_id: int) -> bool:
     """Is ``entry_id`` inside the sorted, disjoint inclusive ``ranges``?"""
     i = bisect.bisect_right(ranges, (entry_id, float("inf"))) - 1
     return i >= 0 and ranges[i][0] <= entry_id <= ranges[i][1]
+
+
+def count_missing(ids: list[int], ranges: Sequence[tuple[int, int]]) -> int:
+    """How many of ``ids`` lie outside the sorted, disjoint inclusive ``ranges``."""
+    return sum(1 for e in ids if not held(ranges, e))
 
 
 class InPlaceRepairer:
