@@ -63,6 +63,9 @@ class BookieConfig:
     journal_max_group_wait_ms: float = float(limits.journal_group_wait_ms_default)
     journal_buffered_writes_threshold_bytes: int = limits.journal_group_bytes_default
     journal_max_size_mb: int = limits.journal_segment_bytes_default // (1024 * 1024)
+    # Zeros kept written ahead of the journal's records, so that a small commit's fsync does
+    # not also commit the file's growth (zbk/storage/journal.py, "Preallocation"); 0: off.
+    journal_pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // (1024 * 1024)
     entry_log_size_limit_mb: int = limits.entry_log_bytes_default // (1024 * 1024)
     entry_log_write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
     entry_log_per_ledger: bool = False
@@ -120,6 +123,7 @@ class BookieConfig:
         _non_negative("journal_max_group_wait_ms", cfg.journal_max_group_wait_ms)
         _positive("journal_buffered_writes_threshold_bytes", cfg.journal_buffered_writes_threshold_bytes)
         _positive("journal_max_size_mb", cfg.journal_max_size_mb)
+        _non_negative("journal_pre_alloc_size_mb", cfg.journal_pre_alloc_size_mb)
         _positive("entry_log_size_limit_mb", cfg.entry_log_size_limit_mb)
         _non_negative("entry_log_write_buffer_bytes", cfg.entry_log_write_buffer_bytes)
         _positive("entry_logs_open_max", cfg.entry_logs_open_max)

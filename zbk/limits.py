@@ -39,6 +39,7 @@ entry_id_max = 2**32 - 1
 # --- journal ----------------------------------------------------------------------------
 journal_record_bytes_max = entry_bytes_max + 4096
 journal_segment_bytes_default = 512 * 1024 * 1024
+journal_preallocate_bytes_default = 1024 * 1024  # zeros kept ahead of the records (journal.py)
 journal_group_wait_ms_default = 2
 journal_group_bytes_default = 512 * 1024
 

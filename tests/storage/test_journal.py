@@ -187,7 +187,10 @@ def test_torn_tail_at_random_cut_points_is_truncated(tmp_path, rng, caplog):
         # Cut back to the last complete record (or just after a complete batch header).
         assert os.path.getsize(path) in (kept, kept + BATCH_RECORD_BYTES)
         truncated = os.path.getsize(path) < size_before
-        assert truncated == any(path in m and "torn tail" in m for m in caplog.messages)
+        # Cutting off nothing but zeros is dropping unused preallocation, not a torn write:
+        # no warning then. Any other cut is a torn tail and says so.
+        only_zeros = not damaged[os.path.getsize(path):].strip(b"\0")
+        assert (truncated and not only_zeros) == any(path in m and "torn tail" in m for m in caplog.messages)
         caplog.clear()
         assert _replayed(d) == expected  # a second replay is clean and identical
         assert not caplog.messages
@@ -341,3 +344,151 @@ def test_any_records_round_trip(tmp_path_factory, recs):
         w.append(*rec)
     w.close()
     assert [tuple(r) for r, _ in replay(d)] == recs
+
+
+# --- preallocation ---------------------------------------------------------------------------
+
+
+def test_segment_is_preallocated_with_zeros_and_sealed_on_close(tmp_path):
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20, preallocate_bytes=64 * 1024)
+    path = os.path.join(d, segment_name(1))
+    assert os.path.getsize(path) == 64 * 1024
+    w.append(RecordType.ADD, 1, 0, b"x" * 1000)
+    mark = w.sync()
+    data = open(path, "rb").read()
+    assert len(data) == 64 * 1024 and not data[mark.offset:].strip(b"\0")
+    w.close()
+    assert os.path.getsize(path) == w.mark.offset  # sealed: ends at the closing batch
+    assert [r.entry_id for r, _ in _replayed(d)] == [0]
+
+
+def test_preallocate_extends_when_half_is_used_and_rotation_seals(tmp_path):
+    d = str(tmp_path)
+    disk = FaultyDisk()
+    w = JournalWriter(d, 20 * 1024, disk, preallocate_bytes=8 * 1024)
+    path = os.path.join(d, segment_name(1))
+    assert not w.preallocate()  # more than half is still ahead
+    for i in range(30):
+        w.append(RecordType.ADD, 7, i, b"p" * 1000)
+        w.sync()
+        before = os.path.getsize(path) if w.segment_id == 1 else None
+        extended = w.preallocate()
+        if w.segment_id == 1 and before is not None:
+            size = os.path.getsize(path)
+            assert size >= w.mark.offset  # records never run past what exists...
+            # ...and an extension leaves a whole chunk ahead of them
+            assert (size == w.mark.offset + 8 * 1024) if extended else size == before
+    assert w.segment_id > 1
+    # Sealed segments end exactly at their last batch: no zeros for replay to read.
+    for sid in list_segments(d)[:-1]:
+        seg = open(os.path.join(d, segment_name(sid)), "rb").read()
+        assert seg[-8:] != bytes(8)
+    w.close()
+    assert [r.entry_id for r, _ in _replayed(d)] == list(range(30))
+
+
+def test_crash_with_preallocated_tail_replays_every_synced_record_quietly(tmp_path, caplog):
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20, preallocate_bytes=256 * 1024)
+    for i in range(20):
+        w.append(RecordType.ADD, 3, i, b"e" * 500)
+        mark = w.sync()
+        w.preallocate()
+    os.close(w._fd)  # kill -9: no closing batch, zeros after the last record
+    path = os.path.join(d, segment_name(1))
+    assert os.path.getsize(path) > mark.offset
+    with caplog.at_level(logging.INFO, logger="zbk.storage.journal"):
+        got = _replayed(d)
+    assert [r.entry_id for r, _ in got] == list(range(20)) and got[-1][1] == mark
+    assert os.path.getsize(path) == mark.offset
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("unused preallocation" in r.getMessage() for r in caplog.records)
+    w2 = JournalWriter(d, 1 << 20, preallocate_bytes=256 * 1024)  # the next boot's writer
+    assert w2.segment_id == 2
+    w2.close()
+
+
+def test_torn_batch_inside_preallocation_is_a_torn_tail(tmp_path, caplog):
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20, preallocate_bytes=64 * 1024)
+    w.append(RecordType.ADD, 3, 0, b"a" * 300)
+    durable = w.sync()
+    w.append(RecordType.ADD, 3, 1, b"b" * 300)
+    w.append(RecordType.ADD, 3, 2, b"c" * 300)
+    w.sync(fsync=False)
+    os.close(w._fd)
+    path = os.path.join(d, segment_name(1))
+    # Power loss: only the first 200 bytes of the second batch reached the disk.
+    with open(path, "r+b") as f:
+        f.seek(durable.offset + 200)
+        f.write(bytes(1000))
+    with caplog.at_level(logging.WARNING):
+        got = _replayed(d)
+    assert [r.entry_id for r, _ in got] == [0]
+    assert any("torn tail" in m for m in caplog.messages)
+
+
+def test_corruption_before_a_later_durable_batch_is_still_an_error_with_preallocation(tmp_path):
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20, preallocate_bytes=64 * 1024)
+    marks = []
+    for i in range(5):
+        w.append(RecordType.ADD, 3, i, b"z" * 100)
+        marks.append(w.sync())
+    os.close(w._fd)  # a crash: zeros after the last batch
+    path = os.path.join(d, segment_name(1))
+    assert os.path.getsize(path) > marks[-1].offset
+    flip_byte(path, marks[1].offset - 1)  # inside record 1, which later batches vouch for
+    with pytest.raises(CorruptDataError) as err:
+        _replayed(d)
+    assert err.value.offset == marks[0].offset + BATCH_RECORD_BYTES
+
+
+def test_preallocation_off_writes_no_zeros(tmp_path):
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20, preallocate_bytes=0)
+    w.append(RecordType.FENCE, 1)
+    mark = w.sync()
+    assert not w.preallocate()
+    assert os.path.getsize(os.path.join(d, segment_name(1))) == mark.offset
+    w.close()
+
+
+def test_enospc_while_preallocating_poisons_the_writer_and_loses_nothing_synced(tmp_path):
+    d = str(tmp_path)
+    disk = FaultyDisk()
+    w = JournalWriter(d, 1 << 20, disk, preallocate_bytes=8 * 1024)
+    for i in range(4):
+        w.append(RecordType.ADD, 9, i, b"q" * 1000)
+        w.sync()
+    disk.write_bytes_left = 100
+    with pytest.raises(OSError) as err:
+        w.preallocate()
+    assert err.value.errno == 28
+    disk.write_bytes_left = None
+    w.append(RecordType.ADD, 9, 4, b"q")
+    with pytest.raises(BookieIOError):
+        w.sync()
+    w.close()
+    assert [r.entry_id for r, _ in _replayed(d)] == [0, 1, 2, 3]
+
+
+def test_journal_actor_keeps_zeros_ahead_of_its_commits(tmp_path):
+    from zbk.actors.base import ListOutbox
+    from zbk.actors.journal import JournalCore
+    from zbk.actors.messages import JournalAppend, Synced
+
+    d = str(tmp_path)
+    jw = JournalWriter(d, 1 << 20, preallocate_bytes=16 * 1024)
+    jc = JournalCore(jw, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
+    out = ListOutbox()
+    jc.outbox = out
+    path = os.path.join(d, segment_name(1))
+    for b in range(40):  # 40 KiB of records through a 16 KiB preallocation
+        jc.on_message(JournalAppend(b, 4, [b], [b"x" * 1000]), 0.0)
+        jc.commit()
+        assert out.take("server", Synced)[0].batch_ids == [b]
+        assert os.path.getsize(path) - jw.mark.offset >= 8 * 1024
+    jw.close()
+    assert [r.entry_id for r, _ in _replayed(d)] == list(range(40))

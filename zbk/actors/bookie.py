@@ -210,7 +210,8 @@ class Bookie:
                 self.cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
             elif t == RecordType.EXPLICIT_LAC:
                 self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
-        self.journal = JournalWriter(self.journal_dir, self.cfg.journal_max_size_mb * 1024 * 1024)
+        self.journal = JournalWriter(self.journal_dir, self.cfg.journal_max_size_mb * 1024 * 1024,
+                                     preallocate_bytes=self.cfg.journal_pre_alloc_size_mb * 1024 * 1024)
         # Checkpoint what replay rebuilt, so the replayed segments can go.
         self.logs.flush()
         self.cache.flush()

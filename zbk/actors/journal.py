@@ -99,6 +99,8 @@ class JournalCore:
         if batches:
             assert self.outbox is not None
             self.outbox.send("server", Synced(batches))
+        # After the acknowledgement, not before: zeros for the next commits to write into.
+        self.writer.preallocate()
 
     def on_tick(self, now: float) -> None:
         pass

@@ -54,6 +54,18 @@ Torn tail versus corruption (the replay rule)
     exactly a header long with a bad header, is a segment whose creation was interrupted:
     it holds no record and is removed with a warning.
 
+Preallocation
+    A segment's file is kept ahead of its records by up to ``preallocate_bytes`` of zeros
+    (written, not fallocated: unwritten extents need metadata updates too). A write into
+    space that already exists does not change the file's size or block map, so the fsync
+    of a small batch flushes its data alone instead of also committing the file system's
+    journal: on this project's ext4 machine, three bookies' concurrent 1 KiB syncs went
+    from 215 to 162 us at p50 and from 470 to 275 us at p99. (BookKeeper does the same,
+    ``journalPreAllocSizeMB``.) The zeros are part of no record: replay stops at the first
+    record whose length is 0, and a tail that is all zeros is the unused preallocation,
+    truncated without a warning. A segment is cut back to its last record before it is
+    sealed (rotation, clean close), so sealed segments end exactly at their last batch.
+
 Rotation
     When a segment has reached ``segment_bytes_max``, the next :meth:`JournalWriter.sync`
     first fsyncs it (if the last sync skipped fsync), then creates the next segment. Old
@@ -175,11 +187,15 @@ class JournalWriter:
     """
 
     def __init__(self, directory: str, segment_bytes_max: int = limits.journal_segment_bytes_default,
-                 disk: Disk = REAL_DISK) -> None:
+                 disk: Disk = REAL_DISK, *,
+                 preallocate_bytes: int = limits.journal_preallocate_bytes_default) -> None:
         assert segment_bytes_max > HEADER_BYTES, "segment_bytes_max too small"
+        assert preallocate_bytes >= 0, "preallocate_bytes must be >= 0"
         self._dir = directory
         self._segment_bytes_max = segment_bytes_max
         self._disk = disk
+        self._prealloc = min(preallocate_bytes, segment_bytes_max)
+        self._alloc_end = 0  # the current segment's file size (zeros beyond _offset)
         self._failed: BaseException | None = None
         os.makedirs(directory, exist_ok=True)
         existing = list_segments(directory)
@@ -281,6 +297,35 @@ class JournalWriter:
         self._buf = bytearray(BATCH_RECORD_BYTES)
         self._disk.write(self._fd, buf)
         self._offset += len(buf)
+        if self._offset > self._alloc_end:
+            self._alloc_end = self._offset
+
+    def preallocate(self) -> bool:
+        """Extend the segment with zeros when less than half of ``preallocate_bytes`` is left
+        ahead of the records (see "Preallocation"); True if it did. The journal actor calls
+        it after acknowledging a commit, so the extension is off the commit's path; it
+        becomes durable with the next fsync (a crash before that leaves a shorter tail of
+        zeros, or none: both replay the same). An ``OSError`` poisons the writer like any
+        failed write."""
+        if not self._prealloc or self._failed is not None or self._fd < 0:
+            return False
+        if self._alloc_end - self._offset >= self._prealloc // 2:
+            return False
+        start = max(self._alloc_end, self._offset)
+        end = self._offset + self._prealloc
+        try:
+            self._disk.pwrite(self._fd, bytes(end - start), start)
+        except OSError as e:
+            self._failed = e
+            raise
+        self._alloc_end = end
+        return True
+
+    def _seal(self) -> None:
+        """Cut the unused preallocation off the segment (then fsync it: the caller does)."""
+        if self._alloc_end > self._offset:
+            self._disk.truncate(self._fd, self._offset)
+            self._alloc_end = self._offset
 
     # --- segments ----------------------------------------------------------------------
 
@@ -289,6 +334,8 @@ class JournalWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             self._disk.write(fd, _encode_header(self._segment_id))
+            if self._prealloc > HEADER_BYTES:
+                self._disk.pwrite(fd, bytes(self._prealloc - HEADER_BYTES), HEADER_BYTES)
             self._disk.fsync(fd)
             self._disk.fsync_dir(self._dir)
         except BaseException:
@@ -296,11 +343,13 @@ class JournalWriter:
             raise
         self._fd = fd
         self._offset = self._synced = HEADER_BYTES
+        self._alloc_end = max(HEADER_BYTES, self._prealloc)
 
     def _rotate(self) -> None:
         # A segment is complete and durable before the next one exists: replay relies on
         # it (a bad record in a non-last segment is corruption, never a torn write).
-        if self._synced < self._offset:
+        if self._synced < self._offset or self._alloc_end > self._offset:
+            self._seal()
             self._disk.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
@@ -338,6 +387,7 @@ class JournalWriter:
                 # The closing batch proves that everything before it was fsynced (see the
                 # replay rule): damage in the last data record then reads as corruption.
                 self._write_batch()
+                self._seal()
                 self._disk.fsync(self._fd)
                 self._synced = self._offset
         except OSError as e:
@@ -393,12 +443,18 @@ def _replay_segment(path: str, sid: int, start: int, last: bool,
             log.warning("journal %s: last mark offset %d is past the end (%d bytes); nothing to replay",
                         path, start, size)
             return
+        zeros = False
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             bad = yield from _records(mm, path, sid, start, size)
             if bad >= 0:
                 _check_torn_tail(mm, path, sid, bad, last)
+                zeros = _all_zero(mm, bad)
         if bad >= 0:
-            log.warning("journal %s: torn tail at offset %d (%d bytes); truncating", path, bad, size - bad)
+            if zeros:
+                log.info("journal %s: %d bytes of unused preallocation after offset %d; truncating",
+                         path, size - bad, bad)
+            else:
+                log.warning("journal %s: torn tail at offset %d (%d bytes); truncating", path, bad, size - bad)
             disk.truncate(fd, bad)
             disk.fsync(fd)
     finally:
@@ -442,6 +498,15 @@ def _records(mm: mmap.mmap, path: str, sid: int, pos: int,
             yield JournalRecord(RecordType(rtype), ledger_id, entry_id, payload), LogMark(sid, end)
         pos = end
     return -1
+
+
+def _all_zero(mm: mmap.mmap, start: int, chunk: int = 1 << 20) -> bool:
+    """True when every byte from ``start`` to the end is zero (unused preallocation)."""
+    for pos in range(start, len(mm), chunk):
+        part = mm[pos:pos + chunk]
+        if part.count(0) != len(part):
+            return False
+    return True
 
 
 def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, bad: int, last: bool) -> None:
