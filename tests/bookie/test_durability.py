@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from helpers.journal import records_end, write_torn
+
 from zbk.errors import ZbkError
 from zbk.storage.journal import list_segments, segment_name
 from zbk.wire import messages as w
@@ -82,13 +84,11 @@ def test_acknowledged_entries_survive_kill9_at_random_points(bookies):
 
 
 def _append_torn_record(journal_dir: Path) -> tuple[Path, int]:
+    """A torn record after the segment's last one; returns the segment and its offset."""
     seg = journal_dir / segment_name(list_segments(str(journal_dir))[-1])
-    size = seg.stat().st_size
     # A record header that promises 4 KiB and a few bytes of it: a write cut short by a crash.
     torn = (4096 + 17).to_bytes(4, "little") + b"\x12\x34\x56\x78" + b"\x01" + b"\x00" * 20
-    with open(seg, "ab") as f:
-        f.write(torn)
-    return seg, size
+    return seg, write_torn(seg, torn)
 
 
 def test_torn_last_journal_record_is_truncated_and_acked_entries_served(bookies):
@@ -124,7 +124,7 @@ def test_mid_file_journal_corruption_stops_boot_with_file_and_offset(bookies):
     journal = bk.data_dir / "journal"
     seg = journal / segment_name(list_segments(str(journal))[-1])
     data = bytearray(seg.read_bytes())
-    at = len(data) // 3
+    at = records_end(seg) // 3  # a third into the records, not into the preallocated zeros
     data[at] ^= 0xFF
     seg.write_bytes(bytes(data))
     bk.start(wait=False)

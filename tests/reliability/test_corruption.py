@@ -17,6 +17,7 @@ import os
 import random
 from pathlib import Path
 
+from helpers.journal import write_torn
 from helpers.wait import wait_until
 
 from zbk.metadata.registry import list_bookies
@@ -233,9 +234,8 @@ def test_journal_torn_tail_is_truncated_with_file_and_offset_and_earlier_entries
             assert add(c, 3, list(range(first, first + 10)), SIZE).status == Status.EOK
     bk.kill9()
     seg = bk.data_dir / "journal" / segment_name(list_segments(str(bk.data_dir / "journal"))[-1])
-    size = seg.stat().st_size
-    with open(seg, "ab") as f:  # half of a record: what a crash in the middle of a write leaves
-        f.write((SIZE + 17).to_bytes(4, "little") + os.urandom(40))
+    # Half of a record: what a crash in the middle of a write leaves.
+    size = write_torn(seg, (SIZE + 17).to_bytes(4, "little") + os.urandom(40))
     bk.start()
     log = bk.log_tail(60)
     assert "torn tail" in log and str(seg) in log and f"offset {size}" in log, log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import cbor2
@@ -19,6 +20,7 @@ from zbk.wire.messages import (
     AddResponse,
     ErrorResponse,
     ListEntriesResponse,
+    MultiAddRequest,
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
@@ -97,13 +99,76 @@ def test_header_writer_matches_cbor2_byte_for_byte(msg: Any) -> None:
     assert frames[0] == cbor2.dumps(plain)
 
 
-def test_payload_frames_are_passed_through_not_copied() -> None:
+def test_read_payload_frames_are_passed_through_not_copied() -> None:
     blob = memoryview(b"x" * 100)
-    frames = encode(AddRequest(rid=1, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=(blob,)))
+    frames = encode(ReadResponse(rid=1, status=Status.EOK, ledger_id=2, first_entry_id=0, lac=-1, entries=(blob,)))
     assert frames[1] is blob
-    decoded = decode_request(frames)
-    assert isinstance(decoded, AddRequest)
+    decoded = decode_response(frames)
+    assert isinstance(decoded, ReadResponse)
     assert decoded.entries[0] is blob
+
+
+def test_add_entries_travel_packed_in_two_frames() -> None:
+    blobs = (b"abc", b"", b"de" * 300)
+    frames = encode(AddRequest(rid=1, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=blobs))
+    assert len(frames) == 3 and header(frames)["n"] == 3
+    assert frames[1] == struct.pack(">3I", 3, 0, 600) and frames[2] == b"".join(blobs)
+    decoded = decode_request(frames)
+    assert isinstance(decoded, AddRequest) and tuple(map(bytes, decoded.entries)) == blobs
+    multi = encode(MultiAddRequest(rid=3, parts=(
+        AddRequest(rid=0, ledger_id=5, master_key=MK, flags=AddFlag(0), entries=blobs[:2]),
+        AddRequest(rid=0, ledger_id=6, master_key=MK, flags=AddFlag.RECOVERY_ADD, entries=blobs[2:]))))
+    assert len(multi) == 4 and header(multi)["n"] == 3 and multi[3] == b"".join(blobs)
+    got = decode_request(multi)
+    assert isinstance(got, MultiAddRequest)
+    assert [(p.ledger_id, p.flags, tuple(map(bytes, p.entries))) for p in got.parts] == [
+        (5, AddFlag(0), blobs[:2]), (6, AddFlag.RECOVERY_ADD, blobs[2:])]
+
+
+def test_a_frame_per_entry_is_still_accepted_and_passed_through() -> None:
+    blobs = [memoryview(b"x" * 100), memoryview(b"y" * 7)]
+    frames = with_header({"v": 1, "op": OpCode.ADD_ENTRY, "rid": 1, "l": 2, "mk": MK}, blobs)  # type: ignore[arg-type]
+    decoded = decode_request(frames)
+    assert isinstance(decoded, AddRequest) and decoded.entries[0] is blobs[0] and decoded.entries[1] is blobs[1]
+    table = struct.pack(">qIB32s", 5, 2, 0, MK)
+    multi = with_header({"v": 1, "op": OpCode.MULTI_ADD, "rid": 1}, [table, b"a", b"b"])
+    got = decode_request(multi)
+    assert isinstance(got, MultiAddRequest) and got.parts[0].entries == (b"a", b"b")
+
+
+@pytest.mark.parametrize("op", [OpCode.ADD_ENTRY, OpCode.MULTI_ADD])
+@pytest.mark.parametrize("damage", ["n0", "n_over", "n_not_int", "table_short", "sum_long", "sum_short",
+                                    "extra_frame", "missing_frame"])
+def test_malformed_packed_entries_are_refused_with_the_rid(op: OpCode, damage: str) -> None:
+    blobs = (b"abc", b"defg")
+    if op == OpCode.ADD_ENTRY:
+        frames = encode(AddRequest(rid=RID, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=blobs))
+        at = 1
+    else:
+        frames = encode(MultiAddRequest(rid=RID, parts=(
+            AddRequest(rid=0, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=blobs),)))
+        at = 2
+    h = header(frames)
+    rest = list(frames[1:])
+    if damage == "n0":
+        h["n"] = 0
+    elif damage == "n_over":
+        h["n"] = limits.entries_per_add_request_max + 1
+    elif damage == "n_not_int":
+        h["n"] = "2"
+    elif damage == "table_short":
+        rest[at - 1] = rest[at - 1][:-1]
+    elif damage == "sum_long":
+        rest[at] = rest[at] + b"!"
+    elif damage == "sum_short":
+        rest[at] = rest[at][:-1]
+    elif damage == "extra_frame":
+        rest.append(b"more")
+    else:
+        rest = rest[:-1]
+    with pytest.raises(FrameError) as err:
+        decode_request(with_header(h, rest))
+    assert err.value.rid == RID and err.value.status == Status.EBADREQ
 
 
 def test_decoded_enums_are_enum_members() -> None:

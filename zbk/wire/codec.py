@@ -143,16 +143,47 @@ def _put_read_options(
         h["to"] = timeout_ms
 
 
+# Packed entries (ADD_ENTRY and MULTI_ADD with ``n`` in the header): the entry blobs travel
+# as two frames, not one frame each: a length table (``n`` big-endian uint32) and the blobs
+# back to back. A ZeroMQ frame costs ~1.5 us to send and as much to receive, whatever its
+# size, and a batch holds up to 4,096 entries (docs/protocol.md, "Packed entries").
+def _packed(entries: Sequence[Blob]) -> list[Blob]:
+    return [struct.pack(f">{len(entries)}I", *map(len, entries)), b"".join(entries)]
+
+
+def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int) -> tuple[Blob, ...]:
+    """The entry blobs of a packed message whose length table is frame ``at`` (and its blobs
+    frame ``at + 1``, the last): exactly ``n`` blobs that fill the blob frame."""
+    n = _count(h["n"], "n", high)
+    if len(frames) != at + 2:
+        raise _Invalid(f"packed entries take 2 frames after frame {at - 1}, got {len(frames) - at}")
+    table, data = frames[at], frames[at + 1]
+    if len(table) != 4 * n:
+        raise _Invalid(f"length table of {len(table)} bytes for n = {n} entries")
+    lengths = struct.unpack(f">{n}I", table)
+    if sum(lengths) != len(data):
+        raise _Invalid(f"the entries' lengths add up to {sum(lengths)} bytes, the blob frame has {len(data)}")
+    out: list[Blob] = []
+    append, pos = out.append, 0
+    for size in lengths:
+        end = pos + size
+        append(data[pos:end])
+        pos = end
+    return tuple(out)
+
+
 def _enc_add_request(m: AddRequest) -> list[Blob]:
     h: dict[str, _HeaderValue] = {"v": VERSION, "op": OpCode.ADD_ENTRY, "rid": m.rid, "l": m.ledger_id}
     h["mk"] = m.master_key
     if m.flags:
         h["f"] = m.flags
-    return [_cbor_map(h), *m.entries]
+    h["n"] = len(m.entries)
+    return [_cbor_map(h), *_packed(m.entries)]
 
 
 # MULTI_ADD part table (frame 1): per part, big-endian ledger id, entry count, add flags,
-# master key. Its entries follow as frames 2.., part after part.
+# master key. Its entries follow, part after part: packed in frames 2 and 3 (``n`` = all
+# entries), or one frame each from frame 2 on (no ``n``; still accepted).
 _PART = struct.Struct(">qIB32s")
 assert _PART.size == 45 and MASTER_KEY_BYTES == 32
 
@@ -160,10 +191,11 @@ assert _PART.size == 45 and MASTER_KEY_BYTES == 32
 def _enc_multi_add_request(m: MultiAddRequest) -> list[Blob]:
     pack = _PART.pack
     table = b"".join([pack(p.ledger_id, len(p.entries), p.flags, p.master_key) for p in m.parts])
-    frames: list[Blob] = [_cbor_map({"v": VERSION, "op": OpCode.MULTI_ADD, "rid": m.rid}), table]
+    entries: list[Blob] = []
     for p in m.parts:
-        frames.extend(p.entries)
-    return frames
+        entries.extend(p.entries)
+    header = _cbor_map({"v": VERSION, "op": OpCode.MULTI_ADD, "rid": m.rid, "n": len(entries)})
+    return [header, table, *_packed(entries)]
 
 
 def _enc_multi_add_response(m: MultiAddResponse) -> list[Blob]:
@@ -419,19 +451,27 @@ def _read_options(h: dict[str, Any]) -> tuple[ReadFlag, bytes | None, int, int]:
 
 
 def _dec_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> AddRequest:
-    _frames(frames, 1, limits.entries_per_add_request_max)
+    if "n" in h:
+        entries = _unpacked(h, frames, 1, limits.entries_per_add_request_max)
+    else:  # one frame per entry
+        _frames(frames, 1, limits.entries_per_add_request_max)
+        entries = tuple(frames[1:])
     return AddRequest(
         rid=h["rid"],
         ledger_id=_id(h["l"], "l"),
         master_key=_master_key(h["mk"]),
         flags=_add_flags(h.get("f", 0)),
-        entries=tuple(frames[1:]),
+        entries=entries,
     )
 
 
 def _dec_multi_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAddRequest:
-    """Frame 1 is the part table, frames 2.. the entries of the parts in order; every part
-    has at least one entry and the counts add up to the entry frames exactly."""
+    """Frame 1 is the part table, then the entries of the parts in order (packed, or a frame
+    each); every part has at least one entry and the counts add up to the entries exactly."""
+    if "n" in h:
+        if len(frames) < 2:
+            raise _Invalid("no part table")
+        frames = [frames[0], frames[1], *_unpacked(h, frames, 2, limits.entries_per_add_request_max)]
     _frames(frames, 2, limits.entries_per_add_request_max + 1)
     table = frames[1]
     size = len(table)
@@ -639,8 +679,8 @@ def _table(spec: dict[OpCode, tuple[_Decoder, str]]) -> dict[int, tuple[_Decoder
 
 
 _REQUESTS = _table({
-    OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f"),
-    OpCode.MULTI_ADD: (_dec_multi_add_request, "v op rid"),
+    OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f n"),
+    OpCode.MULTI_ADD: (_dec_multi_add_request, "v op rid n"),
     OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to"),
     OpCode.READ_LAC: (_dec_read_lac_request, "v op rid l f mk pl to"),
     OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
