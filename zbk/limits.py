@@ -62,6 +62,10 @@ client_add_timeout_ms_default = 10_000
 client_read_timeout_ms_default = 10_000
 client_speculative_read_ms_default = 2_000
 client_pending_adds_max = 100_000
+# Entries per add request the client sends (ClientConfig.add_request_entries_max). Below the
+# protocol's 4,096 so that a writer with many appends in flight keeps several requests in
+# flight per bookie: the bookie stores one while the client builds the next (issue #8).
+client_add_request_entries_default = 500
 client_ensemble_change_attempts_max = 10
 
 # Latency histogram buckets (bookie and client), 100 us to 10 s: an fsync-bound add on SSD is

@@ -83,6 +83,17 @@ def test_pack_splits_at_parts_entries_and_bytes_keeping_each_part_in_order() -> 
     assert _flatten(msgs) == expected
 
 
+def test_pack_caps_requests_at_the_clients_entry_limit_in_entry_order() -> None:
+    batch = _Batch()
+    one, two = object(), object()
+    batch.add(one, _adds(1000))  # type: ignore[arg-type]
+    batch.add(two, _adds(30))  # type: ignore[arg-type]
+    msgs = _pack(batch, 500)
+    assert [len(m.ents) for m in msgs] == [500, 500, 30]
+    assert _flatten(msgs) == [(one, list(range(1000))), (two, list(range(30)))]
+    assert _pack(batch) == [batch]  # the protocol's own limit: one message
+
+
 def _append(h: LedgerHandle, log: WriteLog, order: list[int]) -> None:
     """Append the next entry of ``h``; ``order`` gets the entry ids as their futures complete."""
 
