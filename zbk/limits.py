@@ -31,6 +31,7 @@ server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledge
 # ledger_cache_bytes_max) until a checkpoint brings them back under it; beyond: ETOOMANYREQUESTS.
 server_held_adds_max = 1024  # requests
 server_held_add_bytes_max = 64 * 1024 * 1024  # entry bytes of the held requests
+server_held_index_entries_max = 4096  # index updates the Server holds before sending them (server.py)
 
 # A ledger holds at most 2**32 entries. Index files are sparse fixed-size slots by entry id,
 # so an unbounded id from a damaged or hostile request would mean a multi-terabyte file.

@@ -703,7 +703,8 @@ class Sim:
 
     def settle(self, steps_max: int = 20_000) -> None:
         for _ in range(steps_max):
-            if not self.pending and not any(self.pipes.values()) and not self.jcore.pending:
+            if (not self.pending and not any(self.pipes.values()) and not self.jcore.pending
+                    and not self.server.held_puts):  # the Server's tick sends the index updates it holds
                 return
             self.step()
         raise AssertionError("the cores did not settle")
@@ -784,18 +785,33 @@ def test_sim_gc_frees_space_and_keeps_every_live_entry(tmp_path: Path, index: in
     next_eid = dict.fromkeys(metadata, 0)
     _fill(sim, next_eid, [1, 2, 4], 60)
     _fill(sim, next_eid, [3], 80)  # logs holding ledger 3 only: whole dead logs once it goes
-    before_logs, before_bytes, before_acked = set(sim.logs.log_ids()), sim.log_bytes(), set(acked)
-    dead_bytes = sum(per.get(2, 0) + per.get(3, 0) for per in sim.logs.usage().values())
+    before_logs = set(sim.logs.log_ids())
+    usage = sim.logs.usage()
     compactions = counter("zbk_gc_compactions_total", kind=MINOR)
     reclaimed = counter("zbk_gc_reclaimed_bytes_total")
     metadata -= {2, 3}
     assert not _gc_with_adds(sim, next_eid, [1, 4], crash_at=None)
+    # One more minor run with nothing arriving, so that every log sealed by now is judged.
+    runs = sim.gc.runs_completed
+    sim.gc.on_message(GcTrigger(minor=True), sim.now)
+    for _ in range(200_000):
+        if sim.gc.runs_completed > runs and not sim.gc.busy:
+            break
+        sim.step()
+    sim.settle()
     assert not sim.cache.exists(2) and not sim.cache.exists(3)
     assert sim.verify() > 0
-    added = sum(RECORD_HEADER_BYTES + len(blob(lid, eid)) for lid, eid in acked - before_acked)
-    # Most of the deleted ledgers' bytes are gone (mixed logs above the threshold may keep some).
-    assert sim.log_bytes() - added < before_bytes - 0.7 * dead_bytes, (sim.log_bytes(), added, before_bytes)
-    assert counter("zbk_gc_reclaimed_bytes_total") - reclaimed >= 0.7 * dead_bytes
+    # What the GC promises: no sealed log is left whose live fraction is below the minor
+    # threshold (0.75 here); a mixed log above it keeps its dead bytes by design, so how many
+    # dead bytes remain depends on how the random interleaving laid the logs out.
+    left = sim.logs.usage()
+    for lg, per in left.items():
+        if lg < sim.logs.least_unflushed_log_id():
+            live_bytes = sum(b for lid, b in per.items() if lid in sim.metadata)
+            assert live_bytes >= 0.75 * sum(per.values()), (lg, per, sorted(sim.metadata))
+    gone = before_logs - set(left)
+    dead_gone = sum(b for lg in gone for lid, b in usage[lg].items() if lid not in sim.metadata)
+    assert dead_gone > 0 and counter("zbk_gc_reclaimed_bytes_total") - reclaimed >= dead_gone
     assert counter("zbk_gc_compactions_total", kind=MINOR) > compactions
     assert before_logs - set(sim.logs.log_ids()), "no log was deleted"
     assert sim.state.load() is None

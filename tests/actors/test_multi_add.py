@@ -90,11 +90,12 @@ def test_parts_get_their_own_status_and_the_accepted_ones_travel_as_one_batch():
     assert metas[0].batch_id == ab.batch_id
 
     core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, 8)), ledger_ids=ab.ledger_ids), 0.0)
-    puts = out.take("index", IndexPut)
-    assert len(puts) == 1 and puts[0].ledger_ids == ab.ledger_ids and puts[0].locations == list(range(1, 8))
-    assert replies == []  # indexed, not yet fsynced
+    assert replies == []  # located, not yet fsynced
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)  # the master key and the entries, one commit
     assert len(replies) == 1
+    core.on_tick(0.05)  # the held index update goes out with the tick
+    puts = out.take("index", IndexPut)
+    assert len(puts) == 1 and puts[0].ledger_ids == ab.ledger_ids and puts[0].locations == list(range(1, 8))
     ident, got = replies[0]
     assert ident == b"peer"
     assert got == [Status.EOK, Status.EUA, Status.EFENCED, Status.EFENCED, Status.EOK, Status.EOK, Status.EBADREQ]
@@ -108,6 +109,7 @@ def test_a_failed_append_fails_every_accepted_part_and_nothing_is_indexed():
     multi(core, [part(1, range(0, 2)), part(2, range(0, 1)), part(4, range(0, 1))])
     ab = out.take("entrylogger", AppendBatch)[0]
     core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [], error="disk on fire", ledger_ids=ab.ledger_ids), 0.0)
+    core.on_tick(0.05)
     assert out.take("index", IndexPut) == []
     assert replies[0][1] == [Status.EIO, Status.EFENCED, Status.EIO]
 
@@ -216,3 +218,56 @@ def test_observe_many_is_n_observes_of_a_histogram():
         assert got.keys() == want.keys()
         for k in want:
             assert got[k] == pytest.approx(want[k]), (value, n, k)
+
+
+def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
+    """Index updates of adds are held and sent as one IndexPut, always ahead of the next
+    message to the IndexSyncer (a read's Lookup, a Checkpoint...), on the tick, or at a
+    bound; so a read after an acknowledgement finds the entry (ordering argument 1)."""
+    from zbk.actors.messages import Checkpoint, CheckpointReady, Lookup
+    from zbk.wire.codec import encode
+
+    core, out, _ = make()
+    core.reply = lambda ident, frames: None
+    for eid in range(3):  # three one-entry adds to ledger 1, each located and fsynced
+        core.on_request(b"peer", encode(w.AddRequest(rid=eid, ledger_id=1, master_key=KEY, flags=AddFlag(0),
+                                                     entries=[blob(1, eid)])), 0.0)
+        ab = out.take("entrylogger", AppendBatch)[0]
+        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [100 + eid]), 0.0)
+        core.on_message(Synced([ab.batch_id]), 0.0)
+    assert out.take("index") == []  # held
+    core.on_request(b"peer", encode(w.ReadRequest(rid=9, ledger_id=1, first_entry_id=0, count=3)), 0.0)
+    sent = out.take("index")
+    assert [type(m) for m in sent] == [IndexPut, Lookup]
+    assert (sent[0].ledger_ids, sent[0].entry_ids, sent[0].locations) == ([1, 1, 1], [0, 1, 2], [100, 101, 102])
+    # A checkpoint's message follows the updates held before it, as a read does.
+    core.on_request(b"peer", encode(w.AddRequest(rid=5, ledger_id=1, master_key=KEY, flags=AddFlag(0),
+                                                 entries=[blob(1, 3)])), 0.0)
+    ab = out.take("entrylogger", AppendBatch)[0]
+    core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [103]), 0.0)
+    core.on_message(CheckpointReady(1, (1, 500)), 0.0)
+    sent = out.take("index")
+    assert [type(m) for m in sent] == [IndexPut, Checkpoint] and sent[0].locations == [103]
+    core.on_tick(1.0)
+    assert out.take("index") == []  # nothing held: nothing sent
+
+
+def test_held_index_updates_go_out_at_the_bound():
+    from zbk import limits
+    from zbk.wire.codec import encode
+
+    core, out, _ = make()
+    core.reply = lambda ident, frames: None
+    n = 0
+    eid = 0
+    while n < limits.server_held_index_entries_max:
+        eids = list(range(eid, eid + 512))
+        core.on_request(b"peer", encode(w.AddRequest(rid=eid, ledger_id=1, master_key=KEY, flags=AddFlag(0),
+                                                     entries=[blob(1, e) for e in eids])), 0.0)
+        ab = out.take("entrylogger", AppendBatch)[0]
+        assert out.take("index") == []
+        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, eids), 0.0)
+        eid += 512
+        n += 512
+    puts = out.take("index", IndexPut)
+    assert len(puts) == 1 and puts[0].entry_ids == list(range(n)) and core.held_puts == []

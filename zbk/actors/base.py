@@ -210,6 +210,9 @@ class ActorLoop(threading.Thread):
         self.outbox: SocketOutbox | None = None
         self.extra: list[zmq.Socket[Any]] = []
         self.ready = threading.Event()
+        # True: the inbound pipes stay open when the loop exits, for drain_inbound (the
+        # IndexSyncer's, so that the bookie's stop applies index updates it did not read).
+        self.keep_inbound = False
 
     # Hooks for loops with extra sockets (Server) or special batching (Journal).
     def setup(self) -> None:
@@ -237,10 +240,32 @@ class ActorLoop(threading.Thread):
             self.on_crash(self.core.name, e)
         finally:
             self.teardown()
-            for s in self.inbound + self.extra:
+            for s in self.extra if self.keep_inbound else self.inbound + self.extra:
                 s.close(0)
             if self.outbox:
                 self.outbox.close()
+
+    def drain_inbound(self, accept: Callable[[Any], bool]) -> int:
+        """After the loop has exited (and every other actor too): feed the core the messages
+        still waiting in its inbound pipes for which ``accept`` is true, then close the pipes.
+        Returns how many were fed. Anything the core sends meanwhile goes nowhere."""
+        assert not self.is_alive(), "drain_inbound runs after the loop has stopped"
+        self.core.outbox = ListOutbox()  # type: ignore[attr-defined]
+        fed = 0
+        take = self.handoff.objects.pop
+        for sock in self.inbound:
+            while True:
+                try:
+                    key = sock.recv(_NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                msg = take(int.from_bytes(key, "little"), None)
+                if msg is not None and accept(msg):
+                    self.core.on_message(msg, self.clock.monotonic())
+                    fed += 1
+            sock.close(0)
+        self.inbound = []
+        return fed
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -288,7 +313,7 @@ class ActorLoop(threading.Thread):
                 return
             on_message(take(int.from_bytes(key, "little")), now)
             after_message()
-            if not events(_EVENTS) & _POLLIN:
+            if not int(events(_EVENTS)) & _POLLIN:
                 return
 
     def after_message(self) -> None:

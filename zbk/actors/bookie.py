@@ -42,7 +42,7 @@ from zbk.actors.gc import GcCore, GcSettings, GcStateFile
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
-from zbk.actors.messages import GcTrigger
+from zbk.actors.messages import GcTrigger, HeaderUpdate, IndexPut
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
@@ -90,6 +90,7 @@ class Bookie:
         self.exit_code = 0
         self.crashed: str | None = None
         self.loops: list[ActorLoop] = []
+        self.index_actor: ActorLoop | None = None
         self.ctx: zmq.Context[Any] | None = None
         self.http: AdminHttpServer | None = None
         self.lease: LeaseKeeper | None = None
@@ -330,8 +331,7 @@ class Bookie:
             JournalLoop(core=journal, senders=["server", "entrylogger", "index"], peers=["server", "entrylogger"], **common),
             ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"],
                       peers=["server", "journal", "gc"], **common),
-            ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
-                      peers=["entrylogger", "journal", "server", "gc"], **common),
+            self._index_loop(index, common),
             ActorLoop(core=self._make_gc(), senders=["entrylogger", "index", "admin"],
                       peers=["server", "entrylogger", "index"], **common),
         ]
@@ -507,6 +507,13 @@ class Bookie:
             pass
         return self.exit_code
 
+    def _index_loop(self, index: IndexCore, common: dict[str, Any]) -> ActorLoop:
+        loop = ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
+                         peers=["entrylogger", "journal", "server", "gc"], **common)
+        loop.keep_inbound = True  # drained by stop(): see there
+        self.index_actor = loop
+        return loop
+
     def stop(self) -> None:
         """Clean shutdown: unregister, stop actors, final checkpoint, clear the dirty marker."""
         self.stop_event.set()
@@ -519,6 +526,14 @@ class Bookie:
             loop.join(10)
         if self.http is not None:
             self.http.stop()
+        if not self.crashed and self.index_actor is not None and not self.index_actor.is_alive():
+            # The actors saw the stop at different moments: an add may have been acknowledged
+            # while its index update was still on its way to the IndexSyncer (the Server's
+            # teardown also sends the updates it held). The last mark written below skips
+            # the journal records that could restore them, so apply them now.
+            applied = self.index_actor.drain_inbound(lambda msg: isinstance(msg, (IndexPut, HeaderUpdate)))
+            if applied:
+                log.info("stop: applied %d index update(s) the IndexSyncer had not read", applied)
         if self.ctx is not None:
             drop_handoff(self.instance)  # messages still parked there were never received
         if self.crashed:

@@ -185,7 +185,7 @@ class ServerLoop(ActorLoop):
                 del self.stalled[ident]
             self.bytes_since_probe += sum(map(len, frames))
             self.core.on_request(ident, frames[1:], now)
-            if not sock.get(_EVENTS) & _POLLIN:  # cheaper than ending on a zmq.Again
+            if not int(sock.get(_EVENTS)) & _POLLIN:  # cheaper than ending on a zmq.Again
                 return
 
     def after_batch(self, now: float) -> None:
@@ -211,6 +211,9 @@ class ServerLoop(ActorLoop):
         return 2.0 if self.backlogs else 50.0  # replies waiting: look at the pipes again soon
 
     def teardown(self) -> None:
+        # Index updates the Server still holds go to the IndexSyncer's pipe, which stays open
+        # until the bookie's stop has applied what is in it (Bookie.stop).
+        self.core.send_held_puts()
         if self.curve is not None:
             self.curve.close()
 

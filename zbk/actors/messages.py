@@ -17,8 +17,12 @@ Who sends what to whom, and why the order is safe:
     GarbageCollector: see zbk/actors/gc.py ("Messages") for its flow and ordering argument.
 
 1. Acknowledged implies readable: the Server replies to an add only after it has both the
-   entry's location (Appended, from which it sent IndexPut) and the journal's Synced.
-   Every later read is a Lookup on the same Server->IndexSyncer pipe, behind the IndexPut.
+   entry's location (Appended, from which it makes the IndexPut) and the journal's Synced.
+   Every later read is a Lookup on the same Server->IndexSyncer pipe, behind the IndexPut:
+   the Server may hold IndexPuts for a while (ServerCore._hold_put), but it sends every one
+   it holds before any other message to the IndexSyncer, so the pipe's order is the order
+   in which they were made. At a clean stop, what the IndexSyncer did not read is applied
+   before the last mark is written (Bookie.stop).
 2. Checkpoint safety: the mark M the journal returns follows every record it had received.
    Each ADD record was sent by the EntryLogger after the entry was appended, in the same
    step that sends the entry's Appended to the Server (the record goes first, so that the
