@@ -310,3 +310,44 @@ def test_interrupted_log_creation_is_removed(tmp_path, caplog):
     assert w.log_ids() == [] and any("interrupted" in m for m in caplog.messages)
     assert split_location(w.append(1, 0, b"x"))[0] == 6
     w.close()
+
+
+@pytest.mark.parametrize("per_ledger", [False, True])
+def test_append_batch_is_append_per_entry_byte_for_byte(tmp_path, rng, per_ledger):
+    """The same locations, files, usage and footers as one append() per entry, across
+    rotations inside a batch, for one ledger's batches and MULTI_ADD's mixed ones."""
+    one = EntryLogWriter([str(tmp_path / "one")], size_limit_bytes=8 * 1024, write_buffer_bytes=3000,
+                         per_ledger=per_ledger)
+    many = EntryLogWriter([str(tmp_path / "many")], size_limit_bytes=8 * 1024, write_buffer_bytes=3000,
+                          per_ledger=per_ledger)
+    entries: dict[tuple[int, int], tuple[int, bytes]] = {}
+    next_eid: dict[int, int] = {}
+    for _ in range(60):
+        n = rng.randrange(1, 40)
+        if rng.random() < 0.5:
+            lid = rng.randrange(1, 4)
+            lids = [lid] * n
+        else:
+            lid, lids = -1, [rng.randrange(1, 6) for _ in range(n)]
+        eids = []
+        for x in lids:
+            eids.append(next_eid.get(x, 0))
+            next_eid[x] = eids[-1] + 1
+        blobs = [rng.randbytes(rng.randrange(0, 700)) for _ in range(n)]
+        want = [one.append(x, e, b) for x, e, b in zip(lids, eids, blobs, strict=True)]
+        got = many.append_batch(lid, eids, blobs, None if lid >= 0 else lids)
+        assert got == want
+        entries.update({(x, e): (loc, b) for x, e, loc, b in zip(lids, eids, got, blobs, strict=True)})
+        assert len(many._active[-1].buf if not per_ledger else b"") < 3000  # written out at the buffer's size
+    assert many.usage() == one.usage()
+    _check_all(many, entries)
+    one.flush()
+    many.flush()
+    assert len(many.log_ids()) > 3  # rotated, also inside batches
+    for log_id in many.log_ids():
+        a = open(os.path.join(str(tmp_path / "one"), log_name(log_id)), "rb").read()
+        b = open(os.path.join(str(tmp_path / "many"), log_name(log_id)), "rb").read()
+        assert a == b, log_id
+    _check_all(many, entries)
+    one.close()
+    many.close()

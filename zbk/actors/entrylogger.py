@@ -89,15 +89,10 @@ class EntryLoggerCore:
 
     def _append(self, msg: AppendBatch) -> None:
         assert self.outbox is not None
-        lid, append, lids = msg.ledger_id, self.logs.append, msg.ledger_ids
-        locations: list[int] = []
+        lid, lids = msg.ledger_id, msg.ledger_ids
         try:
-            if lids is None:
-                for eid, blob in zip(msg.entry_ids, msg.blobs, strict=True):
-                    locations.append(append(lid, eid, blob))
-            else:  # MULTI_ADD: several ledgers' entries in one batch
-                for lid, eid, blob in zip(lids, msg.entry_ids, msg.blobs, strict=True):
-                    locations.append(append(lid, eid, blob))
+            # MULTI_ADD: ``lids`` holds each entry's ledger (several ledgers in one batch)
+            locations = self.logs.append_batch(lid, msg.entry_ids, msg.blobs, lids)
         except OSError as e:
             # A failed append is reported, never half-acknowledged: the Server answers the
             # whole batch with an error (and turns read-only on ENOSPC).

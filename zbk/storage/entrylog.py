@@ -67,8 +67,9 @@ import mmap
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import cbor2
@@ -404,6 +405,43 @@ class EntryLogWriter:
         if len(buf) >= self._write_buffer:
             self._write_out(lg)
         return (lg.log_id << OFFSET_BITS) | pos
+
+    def append_batch(self, ledger_id: int, entry_ids: Sequence[int], blobs: Sequence[bytes],
+                     ledger_ids: Sequence[int] | None = None) -> list[int]:
+        """:meth:`append` of each entry in order (of ``ledger_id``, or of ``ledger_ids[i]``),
+        returning their locations: the same bytes, locations and rotations, with the loop's
+        per-entry work in one place (the add path's largest per-entry cost in a bookie
+        profile) and one write of the buffer at the end instead of one per
+        ``entry_log_write_buffer_bytes``. Durable only after :meth:`flush`."""
+        lids: Iterable[int] = ledger_ids if ledger_ids is not None else repeat(ledger_id, len(entry_ids))
+        if self._per_ledger:  # a log per ledger: rotation and access times are per entry
+            return [self.append(lid, eid, blob) for lid, eid, blob in zip(lids, entry_ids, blobs, strict=True)]
+        if self._failed is not None:
+            raise BookieIOError(f"entry logger failed earlier: {self._failed}")
+        lg = self._active.get(-1)
+        if lg is None:
+            lg = self._new_active(-1)
+        limit = self._size_limit
+        buf, base, usage, high = lg.buf, lg.written, lg.usage, lg.log_id << OFFSET_BITS
+        locations: list[int] = []
+        append = locations.append
+        for lid, eid, blob in zip(lids, entry_ids, blobs, strict=True):
+            n = len(blob)
+            size = RECORD_HEADER_BYTES + n
+            pos = base + len(buf)
+            if pos + size > limit and pos > HEADER_BYTES:
+                self._retire(lg)
+                lg = self._new_active(-1)
+                buf, base, usage, high = lg.buf, lg.written, lg.usage, lg.log_id << OFFSET_BITS
+                pos = base + len(buf)
+            ids = _pack_ids(lid, eid)
+            buf += _pack_prefix(_LENGTH_MIN + n, crc32c(blob, crc32c(ids))) + ids
+            buf += blob
+            usage[lid] = usage.get(lid, 0) + size
+            append(high | pos)
+        if len(lg.buf) >= self._write_buffer:
+            self._write_out(lg)
+        return locations
 
     def _new_active(self, key: int) -> _Log:
         while len(self._active) >= self._open_max:
