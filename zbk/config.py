@@ -68,6 +68,9 @@ class BookieConfig:
     journal_pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // (1024 * 1024)
     entry_log_size_limit_mb: int = limits.entry_log_bytes_default // (1024 * 1024)
     entry_log_write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
+    # Start writing each this many bytes of an entry log to disk (asynchronously), so that a
+    # checkpoint's fsync finds little left to write; 0: leave it to the kernel and the checkpoint.
+    flush_entry_log_bytes: int = limits.entry_log_flush_bytes_default
     entry_log_per_ledger: bool = False
     entry_logs_open_max: int = limits.entry_logs_open_max
     entry_log_expire_after_access_s: float = float(limits.entry_log_expire_after_access_s)
@@ -126,6 +129,7 @@ class BookieConfig:
         _non_negative("journal_pre_alloc_size_mb", cfg.journal_pre_alloc_size_mb)
         _positive("entry_log_size_limit_mb", cfg.entry_log_size_limit_mb)
         _non_negative("entry_log_write_buffer_bytes", cfg.entry_log_write_buffer_bytes)
+        _non_negative("flush_entry_log_bytes", cfg.flush_entry_log_bytes)
         _positive("entry_logs_open_max", cfg.entry_logs_open_max)
         _positive("entry_log_expire_after_access_s", cfg.entry_log_expire_after_access_s)
         _positive("ledger_cache_bytes_max", cfg.ledger_cache_bytes_max)

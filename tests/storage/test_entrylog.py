@@ -351,3 +351,28 @@ def test_append_batch_is_append_per_entry_byte_for_byte(tmp_path, rng, per_ledge
     _check_all(many, entries)
     one.close()
     many.close()
+
+
+def test_writeback_of_each_few_bytes_is_started_in_order_and_reads_are_unchanged(tmp_path, rng):
+    """flush_entry_log_bytes: every time that many bytes of a log were written, writeback of
+    exactly the range written since the last start is begun (contiguous, in order, nothing
+    twice), so a checkpoint's fsync finds little left; data and reads are unchanged."""
+    disk = FaultyDisk()
+    w = EntryLogWriter([str(tmp_path)], size_limit_bytes=64 * 1024, write_buffer_bytes=1000, disk=disk,
+                       writeback_bytes=8 * 1024)
+    entries = _fill(w, 400, size=300, rng=rng)
+    assert disk.writebacks
+    by_fd: dict[int, list[tuple[int, int]]] = {}
+    for fd, offset, n in disk.writebacks:
+        by_fd.setdefault(fd, []).append((offset, n))
+    for ranges in by_fd.values():
+        assert ranges[0][0] == 0 and all(n >= 8 * 1024 for _, n in ranges)
+        assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:], strict=False))  # contiguous
+    _check_all(w, entries)
+    w.flush()
+    _check_all(w, entries)
+    off = EntryLogWriter([str(tmp_path / "off")], write_buffer_bytes=1000, disk=(d2 := FaultyDisk()), writeback_bytes=0)
+    _fill(off, 400, size=300)
+    assert d2.writebacks == []
+    w.close()
+    off.close()

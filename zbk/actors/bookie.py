@@ -169,6 +169,7 @@ class Bookie:
         self.logs = EntryLogWriter(list(self.cfg.ledger_dirs),
                                    size_limit_bytes=self.cfg.entry_log_size_limit_mb * 1024 * 1024,
                                    write_buffer_bytes=self.cfg.entry_log_write_buffer_bytes,
+                                   writeback_bytes=self.cfg.flush_entry_log_bytes,
                                    per_ledger=self.cfg.entry_log_per_ledger,
                                    open_max=self.cfg.entry_logs_open_max,
                                    expire_after_access_s=self.cfg.entry_log_expire_after_access_s,

@@ -14,8 +14,11 @@ surfaces as an ``OSError`` and leaves already-durable data intact.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # collections.abc.Buffer arrives with Python 3.12
@@ -41,8 +44,27 @@ class Disk(Protocol):
     def write_file_atomic(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data`` durably: the old or the new contents, never a mix."""
 
+    def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
+        """Start writing a range of the file to disk without waiting (a hint, not durability)."""
+
     def usage(self, path: str) -> tuple[int, int]:
         """``(used_bytes, total_bytes)`` of the file system holding ``path``."""
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range (Linux), or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_sync_file_range = _load_sync_file_range() if sys.platform.startswith("linux") else None
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 class RealDisk:
@@ -86,6 +108,13 @@ class RealDisk:
         os.replace(tmp, path)
         self.fsync_dir(os.path.dirname(os.path.abspath(path)))
 
+    def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
+        """Ask the kernel to start writing ``nbytes`` at ``offset`` to disk now, without
+        waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``). A hint, not durability:
+        only an fsync makes data durable. A no-op where the call does not exist."""
+        if _sync_file_range is not None:
+            _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # errors surface at the fsync
+
     def usage(self, path: str) -> tuple[int, int]:
         st = os.statvfs(path)
         total = st.f_blocks * st.f_frsize
@@ -113,6 +142,7 @@ class FaultyDisk(RealDisk):
         self.bytes_written = 0
         self.fsyncs = 0
         self.dir_fsyncs = 0
+        self.writebacks: list[tuple[int, int, int]] = []  # (fd, offset, bytes) of start_writeback
 
     def _budget(self, data: Buffer) -> memoryview:
         """The part of ``data`` that fits in the budget (all of it when unlimited)."""
@@ -138,6 +168,10 @@ class FaultyDisk(RealDisk):
         part = self._budget(data)
         super().pwrite(fd, part, offset)
         self._account(memoryview(data).nbytes, part.nbytes)
+
+    def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
+        self.writebacks.append((fd, offset, nbytes))
+        super().start_writeback(fd, offset, nbytes)
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1

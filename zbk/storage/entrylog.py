@@ -267,6 +267,7 @@ class _Log:
     buf: bytearray = field(default_factory=bytearray)
     usage: dict[int, int] = field(default_factory=dict)
     unsynced: bool = False  # written but not fsynced
+    writeback_from: int = 0  # file offset from which no writeback was started yet
     new_name: bool = True  # its directory entry is not yet fsynced
     last_access: float = 0.0
 
@@ -282,13 +283,15 @@ class EntryLogWriter:
                  disk: Disk = REAL_DISK, *, per_ledger: bool = False,
                  open_max: int = limits.entry_logs_open_max,
                  expire_after_access_s: float = limits.entry_log_expire_after_access_s,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK,
+                 writeback_bytes: int = limits.entry_log_flush_bytes_default) -> None:
         assert dirs, "at least one ledger directory"
         assert HEADER_BYTES < size_limit_bytes <= OFFSET_MASK, "size limit must fit a 40-bit offset"
         assert open_max >= 1
         self._dirs = tuple(dirs)
         self._size_limit = size_limit_bytes
         self._write_buffer = write_buffer_bytes
+        self._writeback_bytes = writeback_bytes  # 0: leave writeback to the kernel and the checkpoint
         self._disk = disk
         self._per_ledger = per_ledger
         self._open_max = open_max
@@ -483,6 +486,12 @@ class EntryLogWriter:
         self._bytes_written += len(lg.buf)
         lg.buf = bytearray()
         lg.unsynced = True
+        if self._writeback_bytes and lg.written - lg.writeback_from >= self._writeback_bytes:
+            # Start writing the last few MiB to disk now (BookKeeper's flushEntrylogBytes):
+            # else a checkpoint's fsync sends every byte written since the last one at once,
+            # and the journals' fsyncs on the same disk wait behind it.
+            self._disk.start_writeback(lg.fd, lg.writeback_from, lg.written - lg.writeback_from)
+            lg.writeback_from = lg.written
 
     def _retire(self, lg: _Log) -> None:
         """Rotate: write the buffer and the footer; the fsync and close happen at :meth:`flush`."""
