@@ -162,6 +162,15 @@ def list_segments(directory: str) -> list[int]:
     return sorted(ids)
 
 
+_ZEROS = bytes(limits.journal_preallocate_bytes_default)
+
+
+def _zeros(n: int) -> bytes | memoryview:
+    """``n`` zero bytes; a view of one shared block when it is large enough (a fresh 1 MiB
+    ``bytes(n)`` per extension showed in a bookie profile at window 1,000)."""
+    return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
+
+
 def _encode_header(segment_id: int) -> bytes:
     head = _SEG_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, segment_id)
     return head + _CRC.pack(crc32c(head))
@@ -314,7 +323,8 @@ class JournalWriter:
         start = max(self._alloc_end, self._offset)
         end = self._offset + self._prealloc
         try:
-            self._disk.pwrite(self._fd, bytes(end - start), start)
+            zeros = _zeros(end - start)
+            self._disk.pwrite(self._fd, zeros, start)
         except OSError as e:
             self._failed = e
             raise
@@ -335,7 +345,7 @@ class JournalWriter:
         try:
             self._disk.write(fd, _encode_header(self._segment_id))
             if self._prealloc > HEADER_BYTES:
-                self._disk.pwrite(fd, bytes(self._prealloc - HEADER_BYTES), HEADER_BYTES)
+                self._disk.pwrite(fd, _zeros(self._prealloc - HEADER_BYTES), HEADER_BYTES)
             self._disk.fsync(fd)
             self._disk.fsync_dir(self._dir)
         except BaseException:
