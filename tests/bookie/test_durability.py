@@ -6,7 +6,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from helpers.journal import records_end, write_torn
 
@@ -192,6 +194,18 @@ def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledger
     multi_adds_through_checkpoints_then_kill9(bk, list(range(1000, 1600)), rounds=4)
 
 
+def _keep_calling(bk: Any, stop: threading.Event, body: Callable[[Any, Any], None], arg: Any) -> None:
+    """``body(connection, arg)`` again and again until ``stop``, reconnecting while the bookie
+    goes away and comes back."""
+    while not stop.is_set():
+        try:
+            with bk.connect(timeout_s=2) as c:
+                while not stop.is_set():
+                    body(c, arg)
+        except ZbkError:
+            time.sleep(0.01)  # the bookie is going away or coming back
+
+
 def test_a_stop_under_reads_and_adds_is_quick_and_clean(bookies):
     """SIGTERM while clients keep reading and adding: the actors see the stop at different
     moments, and one that sends to an actor already stopped must not wait for it (a Server
@@ -204,21 +218,16 @@ def test_a_stop_under_reads_and_adds_is_quick_and_clean(bookies):
     for round_ in range(5):
         stop = threading.Event()
 
-        def hammer(kind: str, stop: threading.Event = stop) -> None:
-            while not stop.is_set():
-                try:
-                    with bk.connect(timeout_s=2) as c:
-                        while not stop.is_set():
-                            if kind == "read":
-                                read(c, 5, 10, 20)
-                            else:
-                                eid = next_eid[0]
-                                next_eid[0] += 1
-                                add(c, 5, [eid])
-                except ZbkError:
-                    time.sleep(0.01)  # the bookie is going away or coming back
+        def hammer(c: Any, kind: str) -> None:
+            if kind == "read":
+                read(c, 5, 10, 20)
+            else:
+                eid = next_eid[0]
+                next_eid[0] += 1
+                add(c, 5, [eid])
 
-        threads = [threading.Thread(target=hammer, args=(k,), daemon=True) for k in ("read", "read", "add")]
+        threads = [threading.Thread(target=_keep_calling, args=(bk, stop, hammer, k), daemon=True)
+                   for k in ("read", "read", "add")]
         for t in threads:
             t.start()
         time.sleep(0.3 + 0.1 * round_)
@@ -249,19 +258,14 @@ def test_every_add_acknowledged_before_a_clean_stop_is_readable_after_it(bookies
     for round_ in range(5):
         stop = threading.Event()
 
-        def writer(lid: int, stop: threading.Event = stop) -> None:
-            while not stop.is_set():
-                try:
-                    with bk.connect(timeout_s=2) as c:
-                        while not stop.is_set():
-                            eids = list(range(next_eid[lid], next_eid[lid] + 5))
-                            next_eid[lid] += 5
-                            if add(c, lid, eids).status == Status.EOK:
-                                acked[lid].update(eids)
-                except ZbkError:
-                    time.sleep(0.01)
+        def writer(c: Any, lid: int) -> None:
+            eids = list(range(next_eid[lid], next_eid[lid] + 5))
+            next_eid[lid] += 5
+            if add(c, lid, eids).status == Status.EOK:
+                acked[lid].update(eids)
 
-        threads = [threading.Thread(target=writer, args=(lid,), daemon=True) for lid in ledgers]
+        threads = [threading.Thread(target=_keep_calling, args=(bk, stop, writer, lid), daemon=True)
+                   for lid in ledgers]
         for t in threads:
             t.start()
         time.sleep(0.3 + 0.1 * round_)
