@@ -328,11 +328,14 @@ class Bookie:
                           persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
         common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash, stop=self.stop_event)
         # senders: who sends to this actor (one PULL each); peers: to whom it sends.
+        self.index_actor = ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
+                                     peers=["entrylogger", "journal", "server", "gc"], **common)
+        self.index_actor.keep_inbound = True  # drained by stop(): see there
         self.loops = [
             JournalLoop(core=journal, senders=["server", "entrylogger", "index"], peers=["server", "entrylogger"], **common),
             ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"],
                       peers=["server", "journal", "gc"], **common),
-            self._index_loop(index, common),
+            self.index_actor,
             ActorLoop(core=self._make_gc(), senders=["entrylogger", "index", "admin"],
                       peers=["server", "entrylogger", "index"], **common),
         ]
@@ -507,13 +510,6 @@ class Bookie:
         while not self.stop_event.wait(0.5):
             pass
         return self.exit_code
-
-    def _index_loop(self, index: IndexCore, common: dict[str, Any]) -> ActorLoop:
-        loop = ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
-                         peers=["entrylogger", "journal", "server", "gc"], **common)
-        loop.keep_inbound = True  # drained by stop(): see there
-        self.index_actor = loop
-        return loop
 
     def stop(self) -> None:
         """Clean shutdown: unregister, stop actors, final checkpoint, clear the dirty marker."""

@@ -392,7 +392,6 @@ class ServerCore:
         else:
             return state
         records.append((int(RecordType.MASTER_KEY), lid, -1, key))
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(lid, master_key=key))
         return state
 
@@ -466,7 +465,6 @@ class ServerCore:
                 self._state_changed(was)
                 p.failed = Status.EREADONLY
         else:
-            assert self.outbox is not None
             self._hold_put(msg)
         p.appended = True
         self._maybe_complete_add(msg.batch_id, p, now)
@@ -601,9 +599,8 @@ class ServerCore:
             return
         ctx = self._next()
         self.reads[ctx] = PendingRead(ident, req, started)
-        assert self.outbox is not None
         self._to_index(Lookup(ctx, lid, first, count, limits.read_response_bytes_max,
-                                         sparse=bool(req.flags & w.ReadFlag.SPARSE)))
+                              sparse=bool(req.flags & w.ReadFlag.SPARSE)))
 
     def _on_read_result(self, msg: ReadResult, now: float) -> None:
         p = self.reads.pop(msg.ctx)
@@ -724,7 +721,6 @@ class ServerCore:
             return
         ctx = self._next()
         self.reads[ctx] = PendingRead(ident, req, now)
-        assert self.outbox is not None
         self._to_index(ListEntries(ctx, req.ledger_id))
 
     def _on_clear_limbo(self, ident: bytes, req: w.ClearLimboRequest, now: float) -> None:
@@ -807,7 +803,6 @@ class ServerCore:
         elif isinstance(msg, EntryList):
             self._on_entry_list(msg, now)
         elif isinstance(msg, CheckpointReady):
-            assert self.outbox is not None
             self._to_index(Checkpoint(msg.cp_id, msg.mark))
         elif isinstance(msg, CheckpointDone):
             self.last_checkpoint = msg.mark
@@ -850,7 +845,6 @@ class ServerCore:
     # GC messages only pass through: they go on to the IndexSyncer on the Server->IndexSyncer
     # pipe, so that they are ordered after every HeaderUpdate / IndexPut sent before them.
     def _on_gc_message(self, msg: Any, now: float) -> None:
-        assert self.outbox is not None
         if isinstance(msg, DeleteLedgers):
             msg = DeleteLedgers(self._drop_ledgers(msg.ledger_ids, now))
             if not msg.ledger_ids:

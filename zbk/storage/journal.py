@@ -320,11 +320,9 @@ class JournalWriter:
             return False
         if self._alloc_end - self._offset >= self._prealloc // 2:
             return False
-        start = max(self._alloc_end, self._offset)
-        end = self._offset + self._prealloc
+        start, end = self._alloc_end, self._offset + self._prealloc  # _alloc_end >= _offset always
         try:
-            zeros = _zeros(end - start)
-            self._disk.pwrite(self._fd, zeros, start)
+            self._disk.pwrite(self._fd, _zeros(end - start), start)
         except OSError as e:
             self._failed = e
             raise
