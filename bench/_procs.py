@@ -101,6 +101,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_idle(pids: list[int], cores_below: float = 0.15, quiet_s: float = 12.0, max_s: float = 150.0) -> float:
+    """Wait until the processes together use less than ``cores_below`` cores for ``quiet_s``
+    seconds in a row (three idle bookies use 0.01-0.05); bounded by ``max_s``. Returns the
+    seconds waited. With bookies, a quiet time longer than their flush interval (10 s) means
+    that a checkpoint ran in it and found little to do: e.g. the one creating the index files
+    of thousands of new ledgers is over."""
+    t0 = time.monotonic()
+    quiet = 0.0
+    last = sum(cpu_seconds(p) for p in pids)
+    while quiet < quiet_s and time.monotonic() - t0 < max_s:
+        time.sleep(1.0)
+        now = sum(cpu_seconds(p) for p in pids)
+        quiet = quiet + 1.0 if now - last < cores_below else 0.0
+        last = now
+    return time.monotonic() - t0
+
+
 def loadavg() -> str:
     """`uptime`'s load averages (1, 5, 15 min), as recorded next to each figure."""
     one, five, fifteen = os.getloadavg()

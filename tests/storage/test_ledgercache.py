@@ -407,3 +407,70 @@ def test_deltas_count_against_the_budget(tmp_path):
     assert c.needs_flush and c.dirty_bytes == 100 * (DELTA_PAGE_BYTES + DELTA_SLOT_BYTES)
     c.flush()
     assert not c.needs_flush and c.dirty_bytes == 0
+
+
+# -- changed ranges: cached clean pages in the file write only the slots puts changed -------
+
+
+def test_a_cached_page_in_the_file_writes_only_its_changed_slots(tmp_path):
+    d = str(tmp_path)
+    disk = CountingDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    for e in range(10):
+        c.put(1, e, loc(e))
+    assert c.flush() == index.HEADER_BYTES + PAGE_BYTES  # a new file: header and whole page
+    size = os.path.getsize(index_path(d, 1))
+    disk.pwrites.clear()
+    for e in (10, 11, 12):
+        c.put(1, e, loc(e))
+    c.put(1, 4, loc(40))  # below the range so far (journal replay, compaction): it grows down
+    c.put(1, PAGE_ENTRIES + 1, loc(7))  # page 1 is past the file's end: written whole
+    assert c.get_range(1, 0, 14) == [*(loc(e) for e in range(4)), loc(40), *(loc(e) for e in range(5, 13)), None]
+    assert c.flush() == 9 * SLOT_BYTES + PAGE_BYTES
+    assert sorted(disk.pwrites) == [(HEADER_BYTES + 4 * SLOT_BYTES, 9 * SLOT_BYTES),
+                                    (HEADER_BYTES + PAGE_BYTES, PAGE_BYTES)]
+    assert os.path.getsize(index_path(d, 1)) == size + PAGE_BYTES
+    disk.pwrites.clear()
+    c.put(1, 13, loc(13))  # the page is clean and cached again: a range once more
+    assert c.flush() == SLOT_BYTES and disk.pwrites == [(HEADER_BYTES + 13 * SLOT_BYTES, SLOT_BYTES)]
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    want = [loc(e) for e in range(14)]
+    want[4] = loc(40)
+    assert c.get_range(1, 0, 15) == [*want, None]
+    assert c.entry_ids(1) == [(0, 13), (PAGE_ENTRIES + 1, PAGE_ENTRIES + 1)]
+
+
+def test_a_failed_range_flush_keeps_the_range_and_can_be_retried(tmp_path):
+    d = str(tmp_path)
+    disk = CountingDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    for e in range(4):
+        c.put(1, e, loc(e))
+    c.flush()
+    disk.fail_fsync = True
+    c.put(1, 4, loc(4))
+    with pytest.raises(OSError):
+        c.flush()
+    c.put(1, 6, loc(6))
+    disk.fail_fsync = False
+    disk.pwrites.clear()
+    assert c.flush() == 3 * SLOT_BYTES and disk.pwrites == [(HEADER_BYTES + 4 * SLOT_BYTES, 3 * SLOT_BYTES)]
+    c.close()
+    assert LedgerCache([d], 1 << 20).get_range(1, 0, 8) == [*(loc(e) for e in range(5)), None, loc(6), None]
+
+
+def test_pages_read_past_a_torn_end_are_written_whole(tmp_path):
+    """A page the cache read from a torn last page is not wholly in the file: writing only
+    its changed slots would leave the file ending inside a page."""
+    d = str(tmp_path)
+    _flushed(d, {3: [0, PAGE_ENTRIES + 1]})
+    path = index_path(d, 3)
+    torn = 4096 * ((HEADER_BYTES + PAGE_BYTES + 300 * SLOT_BYTES) // 4096)
+    os.truncate(path, torn)
+    c = LedgerCache([d], 1 << 20)
+    assert c.get(3, PAGE_ENTRIES + 1) == loc(PAGE_ENTRIES + 4)  # cached clean, from the torn page
+    c.put(3, PAGE_ENTRIES + 2, loc(9))
+    assert c.flush() == PAGE_BYTES
+    c.close()
+    assert os.path.getsize(path) == HEADER_BYTES + 2 * PAGE_BYTES

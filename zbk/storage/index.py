@@ -190,6 +190,17 @@ def write_page(disk: Disk, fd: int, page_no: int, page: array.array[int]) -> Non
         disk.pwrite(fd, swapped, page_offset(page_no))
 
 
+def write_page_words(disk: Disk, fd: int, page_no: int, page: array.array[int], lo: int, hi: int) -> None:
+    """Write words ``lo:hi`` of a page (whole slots: both even) in place, for a page wholly
+    inside the file whose other slots on disk equal the page's (zbk.storage.ledgercache,
+    "Changed ranges"); such a write never changes the file's size."""
+    assert 0 <= lo < hi <= 2 * PAGE_ENTRIES and lo % 2 == 0 and hi % 2 == 0
+    words = page[lo:hi]
+    if not _LITTLE:
+        words.byteswap()
+    disk.pwrite(fd, words, page_offset(page_no) + 8 * lo)
+
+
 def write_slots(disk: Disk, fd: int, first_entry_id: int, locations: list[int]) -> None:
     """Write the slots of consecutive entries ``first_entry_id, first_entry_id + 1, ...`` in
     place (no page around them): for pages wholly in the file already, whose other slots on

@@ -24,6 +24,13 @@ thousand entries. A read of such a page loads it from the file and applies the d
 pages, deltas. Pages beyond the file's end (new ledgers, new pages, a torn last page)
 are whole dirty pages as before, so a file still only ever grows by whole pages.
 
+Changed ranges (issue #8): a cached clean page that lies wholly inside its file is what the
+file holds. When puts make it dirty, the cache remembers the lowest and highest slot they
+changed, and the flush writes that range in place instead of the whole page: a ledger
+written a few entries per checkpoint costs a few hundred bytes of writing, not 16 KiB,
+while the page stays cached for its readers. Pages made dirty any other way (new pages,
+pages read beyond the file, deltas merged for a read) are written whole.
+
 One owner (the IndexSyncer actor); not thread-safe. The file format is in
 :mod:`zbk.storage.index`.
 """
@@ -80,6 +87,9 @@ class LedgerCache:
         self._disk = disk
         self._ledgers: dict[int, _Ledger] = {}
         self._dirty: dict[tuple[int, int], Page] = {}
+        # Dirty pages that equal the file outside their changed slots: [lowest, highest]
+        # word index put since (see the module doc, "Changed ranges").
+        self._ranges: dict[tuple[int, int], list[int]] = {}
         self._clean: OrderedDict[tuple[int, int], Page] = OrderedDict()
         self._deltas: dict[tuple[int, int], dict[int, int]] = {}  # entry id -> location
         self._delta_slots = 0  # slots held in all deltas
@@ -106,6 +116,12 @@ class LedgerCache:
             i = (entry_id % PAGE_ENTRIES) * 2
             page[i] = location
             page[i + 1] = location ^ entry_id ^ SLOT_KEY
+            r = self._ranges.get(key)
+            if r is not None:
+                if i < r[0]:
+                    r[0] = i
+                if i > r[1]:
+                    r[1] = i
         else:  # a delta (see the module doc)
             delta = self._deltas[key]
             if entry_id not in delta:
@@ -119,7 +135,11 @@ class LedgerCache:
         """The key's page, now dirty; None when a delta was started for it instead."""
         led = self._ledger_for_write(key[0])
         page = self._clean.pop(key, None)
-        if page is None:
+        if page is not None:
+            if led.on_disk and key[1] < self._full_pages(led):
+                # Empty: the put that follows sets both ends to its own slot.
+                self._ranges[key] = [2 * PAGE_ENTRIES, -1]
+        else:
             page_no = key[1]
             if led.on_disk and page_no < self._full_pages(led):
                 self._deltas[key] = {}  # its slots are counted by put
@@ -324,6 +344,7 @@ class LedgerCache:
             return False
         for page_no in led.pages:
             self._dirty.pop((ledger_id, page_no), None)
+            self._ranges.pop((ledger_id, page_no), None)
             self._clean.pop((ledger_id, page_no), None)
             delta = self._deltas.pop((ledger_id, page_no), None)
             if delta is not None:
@@ -394,9 +415,16 @@ class LedgerCache:
         created = not led.on_disk
         new_dirs.update(self._ensure_file(led))
         fd = self._fd(led)
+        written = index.HEADER_BYTES if created else 0
         for page_no in page_nos:
-            index.write_page(self._disk, fd, page_no, self._dirty[(led.ledger_id, page_no)])
-        written = len(page_nos) * PAGE_BYTES + (index.HEADER_BYTES if created else 0)
+            key = (led.ledger_id, page_no)
+            r = self._ranges.get(key)
+            if r is None:
+                index.write_page(self._disk, fd, page_no, self._dirty[key])
+                written += PAGE_BYTES
+            elif r[1] >= 0:
+                index.write_page_words(self._disk, fd, page_no, self._dirty[key], r[0], r[1] + 2)
+                written += 8 * (r[1] + 2 - r[0])
         for page_no in delta_page_nos:
             written += self._write_delta(fd, self._deltas[(led.ledger_id, page_no)])
         # A file created just now already starts with the current header (_ensure_file).
@@ -427,6 +455,7 @@ class LedgerCache:
                     led.full_pages = page_no + 1
             self._clean[(ledger_id, page_no)] = page
         self._dirty.clear()
+        self._ranges.clear()
         # Written deltas are not kept: the cache never held their pages.
         for ledger_id, page_no in self._deltas:
             self._ledgers[ledger_id].pages.discard(page_no)
