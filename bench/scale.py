@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import random
@@ -115,6 +116,9 @@ async def _multi(a: argparse.Namespace) -> dict[str, Any]:
         # run overlapping it would charge it to whichever ledger count happens to run first.
         pids = [int(x) for x in a.pids.split(",")] if a.pids else []
         settle_s = await asyncio.get_running_loop().run_in_executor(None, wait_idle, pids)
+        if a.gc_freeze:  # docs/client.md, "Many open ledgers": what an application can do
+            gc.collect()
+            gc.freeze()
 
         async def run(n: int, seconds: float) -> dict[str, Any]:
             lat: list[float] = []
@@ -429,7 +433,7 @@ def section_ledgers(a: argparse.Namespace) -> dict[str, Any]:
     if "client" in levels:
         with ZbkCluster(3, settings=settings(a), profile=profile_path(a, "ledgers-client")) as zc:
             multi = worker("multi", a.rounds * len(LEDGER_COUNTS) * (a.seconds + 151) + 600, metadata=zc.metadata,
-                           pids=",".join(str(b.pid) for b in zc.bookies), counts=counts, window=1000, size=1024, seconds=a.seconds, warmup=1.0, rounds=a.rounds)
+                           pids=",".join(str(b.pid) for b in zc.bookies), counts=counts, gc_freeze=a.gc_freeze, window=1000, size=1024, seconds=a.seconds, warmup=1.0, rounds=a.rounds)
         for r in multi["runs"]:
             print(f"  client {r['ledgers']:>6} ledgers round {r['round'] + 1}: {r['entries_per_s']:>9,.0f}/s "
                   f"p50 {r['p50_ms']:7.1f} p99 {r['p99_ms']:7.1f} ms, cores: client {r['client_cores']:.2f} "
@@ -702,6 +706,8 @@ def main() -> int:
     ap.add_argument("--raw-window", type=int, default=32, help="ledgers (b): raw requests in flight")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="bookie config override")
     ap.add_argument("--levels", default="client,raw", help="ledgers: which levels to run (client,raw)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="ledgers (a): gc.freeze() in the client once its ledgers are open (docs/client.md)")
     ap.add_argument("--many-batch", type=int, default=1, help="many: entries per ledger while filling")
     ap.add_argument("--probe-seconds", type=float, default=4.0)
     ap.add_argument("--read-entries", type=int, default=200_000)
@@ -742,7 +748,7 @@ def main() -> int:
         results[name] = globals()[f"section_{name}"](a)
         results[name]["wall_s"] = round(time.time() - t, 1)
     report = {"bench": "scale", "git": git_rev(), "rounds": a.rounds, "seconds": a.seconds, "load_end": loadavg(),
-              "bookie_settings": settings(a),
+              "bookie_settings": settings(a), "gc_freeze": a.gc_freeze,
               "wall_s": round(time.time() - started, 1), **results}
     if a.plots:
         for p in plot_all(results, a.plots):
