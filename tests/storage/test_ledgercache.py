@@ -213,13 +213,19 @@ def test_failed_flush_keeps_pages_dirty_and_can_be_retried(tmp_path):
     assert c.get(1, 0) == loc(0) and c.is_fenced(1)
 
 
+def _written(d: str, disk: FaultyDisk, entries: range) -> LedgerCache:
+    """A cache on ``disk`` that put ``entries`` of ledger 1 and flushed them (still open)."""
+    c = LedgerCache([d], 1 << 20, disk)
+    for e in entries:
+        c.put(1, e, loc(e))
+    c.flush()
+    return c
+
+
 def test_enospc_during_flush_leaves_earlier_flushes_intact(tmp_path):
     d = str(tmp_path)
     disk = FaultyDisk()
-    c = LedgerCache([d], 1 << 20, disk)
-    for e in range(10):
-        c.put(1, e, loc(e))
-    c.flush()
+    c = _written(d, disk, range(10))
     disk.write_bytes_left = 100
     for e in range(PAGE_ENTRIES, PAGE_ENTRIES + 10):
         c.put(1, e, loc(e))
@@ -321,15 +327,21 @@ def test_reads_of_a_page_with_a_delta_see_disk_and_delta(tmp_path):
     assert c.get_range(4, 0, 14) == [*expected, loc(16), None]
 
 
+def _torn_in_page_1(d: str) -> str:
+    """Ledger 3 with entries 0 and PAGE_ENTRIES + 1, its file cut inside page 1 on a 4 KiB
+    boundary as a crash during the page's first write leaves it; returns the file's path."""
+    _flushed(d, {3: [0, PAGE_ENTRIES + 1]})
+    path = index_path(d, 3)
+    os.truncate(path, 4096 * ((HEADER_BYTES + PAGE_BYTES + 300 * SLOT_BYTES) // 4096))
+    return path
+
+
 def test_a_torn_last_page_is_never_a_delta(tmp_path):
     """A crash while a page extended the file leaves it ending inside that page (on a 4 KiB
     boundary). Writing single slots past that end would leave a size no crash can leave:
     such a page is loaded and written whole."""
     d = str(tmp_path)
-    _flushed(d, {3: [0, PAGE_ENTRIES + 1]})
-    path = index_path(d, 3)
-    torn = 4096 * ((HEADER_BYTES + PAGE_BYTES + 300 * SLOT_BYTES) // 4096)
-    os.truncate(path, torn)
+    path = _torn_in_page_1(d)
     c = LedgerCache([d], 1 << 20)
     c.put(3, PAGE_ENTRIES + 600, loc(600))  # past the torn end
     c.put(3, 5, loc(5))  # page 0 is whole: a delta
@@ -415,10 +427,8 @@ def test_deltas_count_against_the_budget(tmp_path):
 def test_a_cached_page_in_the_file_writes_only_its_changed_slots(tmp_path):
     d = str(tmp_path)
     disk = CountingDisk()
-    c = LedgerCache([d], 1 << 20, disk)
-    for e in range(10):
-        c.put(1, e, loc(e))
-    assert c.flush() == index.HEADER_BYTES + PAGE_BYTES  # a new file: header and whole page
+    c = _written(d, disk, range(10))
+    assert disk.pwrites == [(0, HEADER_BYTES), (HEADER_BYTES, PAGE_BYTES)]  # a new file: header, whole page
     size = os.path.getsize(index_path(d, 1))
     disk.pwrites.clear()
     for e in (10, 11, 12):
@@ -444,10 +454,7 @@ def test_a_cached_page_in_the_file_writes_only_its_changed_slots(tmp_path):
 def test_a_failed_range_flush_keeps_the_range_and_can_be_retried(tmp_path):
     d = str(tmp_path)
     disk = CountingDisk()
-    c = LedgerCache([d], 1 << 20, disk)
-    for e in range(4):
-        c.put(1, e, loc(e))
-    c.flush()
+    c = _written(d, disk, range(4))
     disk.fail_fsync = True
     c.put(1, 4, loc(4))
     with pytest.raises(OSError):
@@ -464,10 +471,7 @@ def test_pages_read_past_a_torn_end_are_written_whole(tmp_path):
     """A page the cache read from a torn last page is not wholly in the file: writing only
     its changed slots would leave the file ending inside a page."""
     d = str(tmp_path)
-    _flushed(d, {3: [0, PAGE_ENTRIES + 1]})
-    path = index_path(d, 3)
-    torn = 4096 * ((HEADER_BYTES + PAGE_BYTES + 300 * SLOT_BYTES) // 4096)
-    os.truncate(path, torn)
+    path = _torn_in_page_1(d)
     c = LedgerCache([d], 1 << 20)
     assert c.get(3, PAGE_ENTRIES + 1) == loc(PAGE_ENTRIES + 4)  # cached clean, from the torn page
     c.put(3, PAGE_ENTRIES + 2, loc(9))
