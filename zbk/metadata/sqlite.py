@@ -137,27 +137,36 @@ class SqliteStore:
         parent = os.path.dirname(path) or "."
         if not os.path.isdir(parent):
             raise ConfigError(f"sqlite metadata: directory {parent!r} does not exist")
-        try:
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False:
-            # the poller and callers share the connection, serialized by self._lock.
-            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
-                                   check_same_thread=False)
-        except sqlite3.Error as e:
-            raise MetadataUnavailableError(f"sqlite metadata {path}: cannot open ({e})") from None
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("BEGIN IMMEDIATE")
-            for stmt in _SCHEMA:
-                conn.execute(stmt)
-            (fmt,) = conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as e:  # locked beyond the busy timeout, read-only, ...
-            conn.close()
-            raise MetadataUnavailableError(f"sqlite metadata {path}: cannot open ({e})") from None
-        except sqlite3.DatabaseError as e:  # "file is not a database" and the like
-            conn.close()
-            raise CorruptMetadataError(f"sqlite metadata {path}: not a zbk metadata database ({e})") from None
+        # Processes that open a new file at once (a sandbox's bookies and auditor) race to
+        # turn it to WAL, and SQLite answers the losers "database is locked" at once, without
+        # its busy handler: such an open is tried again until the busy timeout has passed.
+        deadline = time.monotonic() + busy_timeout_s
+        while True:
+            try:
+                # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False:
+                # the poller and callers share the connection, serialized by self._lock.
+                conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+            except sqlite3.Error as e:
+                raise MetadataUnavailableError(f"sqlite metadata {path}: cannot open ({e})") from None
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("BEGIN IMMEDIATE")
+                for stmt in _SCHEMA:
+                    conn.execute(stmt)
+                (fmt,) = conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+                conn.execute("COMMIT")
+                break
+            except sqlite3.OperationalError as e:  # locked beyond the busy timeout, read-only, ...
+                conn.close()
+                if "locked" in str(e) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise MetadataUnavailableError(f"sqlite metadata {path}: cannot open ({e})") from None
+            except sqlite3.DatabaseError as e:  # "file is not a database" and the like
+                conn.close()
+                raise CorruptMetadataError(f"sqlite metadata {path}: not a zbk metadata database ({e})") from None
         if fmt != FORMAT:
             conn.close()
             raise CorruptMetadataError(f"sqlite metadata {path}: unknown format {fmt} (this zbk reads {FORMAT})")
