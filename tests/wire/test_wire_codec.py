@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -24,6 +25,7 @@ from zbk.wire.messages import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    add_part,
 )
 from zbk.wire.ops import AddFlag, OpCode, ReadFlag
 from zbk.wire.status import Status
@@ -443,3 +445,16 @@ def test_encode_multi_add_statuses_is_the_encoding_of_the_response():
         assert [bytes(f) for f in frames] == [bytes(f) for f in want]
         resp = decode_response(frames)
         assert isinstance(resp, MultiAddResponse) and list(resp.statuses) == statuses and resp.rid == rid
+
+
+@given(st.integers(0, I64_MAX), st.binary(min_size=32, max_size=32), st.sampled_from(list(AddFlag)),
+       st.lists(st.binary(max_size=40), min_size=1, max_size=4).map(tuple))
+def test_add_part_is_the_ordinary_frozen_add_request(ledger_id: int, key: bytes, flags: AddFlag,
+                                                      entries: tuple[bytes, ...]) -> None:
+    fast = add_part(ledger_id, key, flags, entries)
+    slow = AddRequest(rid=0, ledger_id=ledger_id, master_key=key, flags=flags, entries=entries)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert type(fast) is AddRequest and dataclasses.astuple(fast) == dataclasses.astuple(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.ledger_id = 1  # type: ignore[misc]
+    assert encode(MultiAddRequest(rid=9, parts=(fast,))) == encode(MultiAddRequest(rid=9, parts=(slow,)))

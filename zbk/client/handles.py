@@ -807,11 +807,10 @@ class AddDispatcher:
         else:
             parts = []
             start = 0
-            add_request = w.AddRequest
+            add_part = w.add_part
             for h, end in zip(hs, ends, strict=True):
-                parts.append(add_request(rid=0, ledger_id=h.ledger_id, master_key=h.master_key, flags=h._add_flags,
-                                         entries=ents[start].entries_alone() if end - start == 1
-                                         else [a.blob for a in ents[start:end]]))
+                parts.append(add_part(h.ledger_id, h.master_key, h._add_flags,
+                                      ents[start].entries_alone() if end - start == 1 else [a.blob for a in ents[start:end]]))
                 start = end
             msg = w.MultiAddRequest(rid=rid, parts=parts)
         answered = self._answered

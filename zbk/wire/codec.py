@@ -56,6 +56,7 @@ from zbk.wire.messages import (
     WriteCloseResponse,
     WriteLacRequest,
     WriteLacResponse,
+    add_part,
 )
 from zbk.wire.ops import ADD_FLAGS_ALL, READ_FLAGS_ALL, AddFlag, OpCode, ReadFlag
 from zbk.wire.ranges import pack_ranges, unpack_ranges
@@ -483,8 +484,7 @@ def _dec_multi_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAd
     for ledger_id, count, flags, key in _PART.iter_unpack(table):
         if ledger_id < 0 or count < 1 or at + count > len(frames):
             raise _Invalid(f"part {len(parts)}: ledger {ledger_id} with {count} entries does not fit the frames")
-        parts.append(AddRequest(rid=0, ledger_id=ledger_id, master_key=key, flags=_add_flags(flags),
-                                entries=tuple(frames[at:at + count])))
+        parts.append(add_part(ledger_id, key, _add_flags(flags), tuple(frames[at:at + count])))
         at += count
     if at != len(frames):
         raise _Invalid(f"the parts hold {at - 2} entries, the message {len(frames) - 2}")
