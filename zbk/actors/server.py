@@ -56,7 +56,7 @@ from zbk.metrics import bookie as m
 from zbk.storage.journal import RecordType
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_request, encode, encode_multi_add_statuses
-from zbk.wire.entry import peek_entry_header
+from zbk.wire.entry import check_structure, peek_entry_header
 from zbk.wire.errors import FrameError
 from zbk.wire.status import Status
 
@@ -301,7 +301,10 @@ class ServerCore:
         nbytes = 0
         bytes_max = self.pending_add_bytes_max
         for i, part in enumerate(parts):
-            pb = _blob_bytes(part)
+            entries = part.entries
+            # A part of one entry (every part, with thousands of ledgers): no list per part.
+            one = len(entries) == 1
+            pb = len(entries[0]) if one else _blob_bytes(part)
             if self.add_bytes + nbytes > 0 and self.add_bytes + nbytes + pb > bytes_max:
                 m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
                 statuses[i] = int(Status.ETOOMANYREQUESTS)
@@ -316,9 +319,14 @@ class ServerCore:
             nbytes += pb
             lid = part.ledger_id
             accepted.append((i, lid, entry_ids, max_lac))
-            lids.extend([lid] * len(entry_ids))
-            eids.extend(entry_ids)
-            blobs.extend([bytes(b) for b in part.entries])
+            if one:
+                lids.append(lid)
+                eids.append(entry_ids[0])
+                blobs.append(bytes(entries[0]))
+            else:
+                lids.extend([lid] * len(entry_ids))
+                eids.extend(entry_ids)
+                blobs.extend([bytes(b) for b in entries])
         if not accepted:
             self._reply_multi(ident, req.rid, statuses)
             return
@@ -414,16 +422,17 @@ class ServerCore:
         entry_ids: list[int] = []
         max_lac = -1
         for blob in req.entries:
-            try:
-                b_lid, eid, lac = peek_entry_header(blob)
-            except FrameError:
+            checked = check_structure(blob)  # peek_entry_header without its exception
+            if isinstance(checked, str):
                 return Status.EBADREQ
+            _, b_lid, eid, lac, _, _ = checked
             if b_lid != lid or not 0 <= eid <= limits.entry_id_max:
                 return Status.EBADREQ
             entry_ids.append(eid)
             if lac > max_lac:
                 max_lac = lac
-        self._ensure_ledger(lid, req.master_key, meta)
+        if state is None or state.master_key is None:
+            self._ensure_ledger(lid, req.master_key, meta)
         # DEFERRED_SYNC: acknowledged once appended; durable after the next group commit,
         # and certainly after a FORCE_LEDGER (which queues behind this add's records).
         return entry_ids, max_lac, self.journal_write_data and not (flags & _DEFERRED_SYNC)

@@ -99,7 +99,7 @@ def build_entry(ledger_id: int, entry_id: int, lac: int, payload: Blob, digest: 
     return b"".join((header, code, payload))
 
 
-def _check_structure(blob: Blob) -> tuple[int, int, int, int, int, int] | str:
+def check_structure(blob: Blob) -> tuple[int, int, int, int, int, int] | str:
     """(digest type, ledger id, entry id, lac, digest size, ledger length) of a well-formed
     blob, else why not.
 
@@ -129,7 +129,7 @@ def peek_entry_header(blob: Blob) -> tuple[int, int, int]:
     Raises :class:`FrameError` (no rid: the caller knows its request) on a short, oversized
     or garbled blob. The digest is not checked: a bookie lacks the key, and readers check it.
     """
-    checked = _check_structure(blob)
+    checked = check_structure(blob)
     if isinstance(checked, str):
         raise FrameError(checked)
     return checked[1], checked[2], checked[3]
@@ -149,7 +149,7 @@ def parse_entry(
     expected ``ledger_id``/``entry_id`` when given (a bookie answering with the wrong entry
     is as wrong as a corrupt one).
     """
-    checked = _check_structure(blob)
+    checked = check_structure(blob)
     if isinstance(checked, str):
         raise DigestMismatchError(checked)
     dtype, lid, eid, lac, dsize, total = checked
