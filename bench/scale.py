@@ -163,6 +163,7 @@ async def _multi(a: argparse.Namespace) -> dict[str, Any]:
                 waited = await loop.run_in_executor(None, wait_idle, pids)
                 if a.warmup > 0:
                     await run(n, a.warmup)
+                print(json.dumps({"measuring": n}), file=sys.stderr, flush=True)  # bench/threads.py waits for it
                 r = await run(n, a.seconds)
                 r.update(round=rnd, settle_s=round(waited, 1))
                 runs.append(r)

@@ -1,0 +1,119 @@
+"""Where the CPU of an add goes, thread by thread: user and system microseconds per entry of
+each thread of bookie-0 and of the client, while one client writes N ledgers.
+
+For each ``--ledgers`` count (default 1 and 10,000) it starts three bookies (embedded
+metadata, journal fsynced), runs `bench/scale.py`'s ledgers workload in a worker process
+(E3 WQ3 AQ2, 1 KiB, window 1,000 in total, round-robin over the N ledgers, one run of
+``--seconds``, which starts once the bookies are idle after the ledgers' first entries:
+their index files are created by a checkpoint), and from 2 s into that run samples
+``/proc/PID/task/*/stat`` of bookie-0 and of the client for ``--sample-seconds``. Thread
+names are those the kernel knows (the bookie's actor threads show as ``python``, in start
+order: journal, entry logger, index syncer, GC, server). Stops every process it started,
+by PID.
+
+    .venv/bin/python bench/threads.py --ledgers 1 --ledgers 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _procs import ZbkCluster, install_signal_handlers, stop_process  # noqa: E402
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
+    """tid -> (name, user s, system s) of every thread of ``pid``."""
+    out: dict[int, tuple[str, float, float]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = (name, int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+    return out
+
+
+def measure(n: int, seconds: float, sample_s: float) -> dict[str, Any]:
+    with ZbkCluster(3) as zc:
+        pids = [b.pid for b in zc.bookies]
+        argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.py"), "--worker",
+                "multi", "--metadata", zc.metadata, "--pids", ",".join(map(str, pids)), "--counts", str(n),
+                "--window", "1000", "--size", "1024", "--seconds", str(seconds), "--warmup", "1", "--rounds", "1"]
+        worker = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # The worker creates the ledgers, writes one entry to each, waits for idle
+            # bookies, warms up for 1 s, says so on stderr, and runs.
+            assert worker.stderr is not None
+            for line in worker.stderr:
+                if line.startswith('{"measuring"'):
+                    break
+            else:
+                raise RuntimeError(f"worker exited {worker.wait()} before its run")
+            time.sleep(2)
+            watched = {"bookie-0": pids[0], "client": worker.pid}
+            before = {k: thread_times(p) for k, p in watched.items()}
+            t0 = time.monotonic()
+            time.sleep(sample_s)
+            elapsed = time.monotonic() - t0
+            after = {k: thread_times(p) for k, p in watched.items()}
+            out, err = worker.communicate(timeout=seconds + 60)
+        finally:
+            if worker.poll() is None:
+                stop_process(worker)  # type: ignore[arg-type]  # a text-mode Popen
+        if worker.returncode != 0:
+            raise RuntimeError(f"worker exited {worker.returncode}:\n{err[-3000:]}")
+        run = json.loads(out.strip().splitlines()[-1])["runs"][0]
+    rate = run["entries_per_s"]
+    per: dict[str, list[dict[str, Any]]] = {}
+    for proc in watched:
+        rows: list[dict[str, Any]] = []
+        for tid, (name, u1, s1) in sorted(after[proc].items()):
+            if tid not in before[proc]:
+                continue
+            _, u0, s0 = before[proc][tid]
+            us, ss = (u1 - u0) / elapsed * 1e6 / rate, (s1 - s0) / elapsed * 1e6 / rate
+            if us + ss >= 0.05:
+                rows.append({"tid": tid, "name": name, "user_us": round(us, 2), "sys_us": round(ss, 2)})
+        per[proc] = rows
+    return {"ledgers": n, "entries_per_s": rate, "run_seconds": seconds, "sampled_s": round(elapsed, 1), "threads": per}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ledgers", type=int, action="append", help="ledger counts (repeatable; default 1 and 10000)")
+    ap.add_argument("--seconds", type=float, default=45.0, help="length of the worker's run")
+    ap.add_argument("--sample-seconds", type=float, default=15.0, help="CPU sampled over this much of the run")
+    a = ap.parse_args()
+    if a.sample_seconds + 4 > a.seconds:
+        ap.error("--sample-seconds must leave at least 4 s of the run around it")
+    install_signal_handlers(max_seconds=900)
+    results = []
+    for n in a.ledgers or [1, 10_000]:
+        r = measure(n, a.seconds, a.sample_seconds)
+        results.append(r)
+        print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system):")
+        for proc, rows in r["threads"].items():
+            total = 0.0
+            for row in rows:
+                total += row["user_us"] + row["sys_us"]
+                print(f"  {proc:8} {row['tid']:>8} {row['name']:16} {row['user_us']:6.2f} + {row['sys_us']:5.2f}")
+            print(f"  {proc:8} {'all':>8} {'':16} {total:6.2f}")
+    print(json.dumps({"bench": "threads", "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
