@@ -10,37 +10,23 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
-import zmq
 from helpers.procs import free_port
+from helpers.router import serve_router
 
 from zbk.client.transport import ZmqTransport
 from zbk.wire import messages as w
-from zbk.wire.codec import decode_request, encode
 from zbk.wire.status import Status
 
 
 def _router(port: int, got: list[int], bind_after_s: float, stop: threading.Event) -> None:
-    """Serve until ``stop``: a peer that goes away drops the answers its client has not
-    read yet, so the server must outlive the client's reads."""
-    time.sleep(bind_after_s)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        while not stop.is_set():
-            if not sock.poll(100):
-                continue
-            ident, *frames = sock.recv_multipart()
-            req = decode_request(frames)
-            got.append(req.rid)
-            sock.send_multipart([ident, *encode(w.BookieInfoResponse(
-                rid=req.rid, status=Status.EOK, free_bytes=1, total_bytes=1, state="writable", ledgers=0,
-                limbo_ledgers=0))])
-    finally:
-        sock.close(0)
-        ctx.term()
+    def answer(req: Any) -> w.BookieInfoResponse:
+        got.append(req.rid)
+        return w.BookieInfoResponse(rid=req.rid, status=Status.EOK, free_bytes=1, total_bytes=1, state="writable",
+                                    ledgers=0, limbo_ledgers=0)
+
+    serve_router(port, answer, bind_after_s, stop)
 
 
 def test_requests_made_before_the_connection_arrive_in_order() -> None:

@@ -7,38 +7,26 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 import zmq
 from helpers.procs import free_port
+from helpers.router import serve_router
 
 from zbk.client.digest import make_digest
 from zbk.client.transport import _ZERO_COPY_BYTES, ZmqTransport, _encoded
 from zbk.wire import messages as w
-from zbk.wire.codec import decode_request, encode
+from zbk.wire.codec import encode
 from zbk.wire.entry import build_entry
 from zbk.wire.status import Status
 
 
 def _router(port: int, got: list[list[bytes]], bind_after_s: float, stop: threading.Event) -> None:
-    time.sleep(bind_after_s)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        while not stop.is_set():
-            if not sock.poll(100):
-                continue
-            ident, *frames = sock.recv_multipart()
-            req = decode_request(frames)
-            assert isinstance(req, w.AddRequest)
-            got.append([bytes(e) for e in req.entries])
-            sock.send_multipart([ident, *encode(w.AddResponse(rid=req.rid, status=Status.EOK, ledger_id=req.ledger_id,
-                                                                first_entry_id=0, last_entry_id=len(req.entries) - 1))])
-    finally:
-        sock.close(0)
-        ctx.term()
+    def answer(req: w.AddRequest) -> w.AddResponse:
+        got.append([bytes(e) for e in req.entries])
+        return w.AddResponse(rid=req.rid, status=Status.EOK, ledger_id=req.ledger_id, first_entry_id=0,
+                             last_entry_id=len(req.entries) - 1)
+
+    serve_router(port, answer, bind_after_s, stop)
 
 
 def _request(rid: int, n: int) -> w.AddRequest:
