@@ -94,11 +94,17 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def stat_times(path: str) -> tuple[float, float]:
+    """(user, system) CPU seconds from a ``/proc/PID/stat`` or ``/proc/PID/task/TID/stat`` file."""
+    with open(path) as f:
+        fields = f.read().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(stat_times(f"/proc/{pid}/stat"))
 
 
 def wait_idle(pids: list[int], cores_below: float = 0.15, quiet_s: float = 12.0, max_s: float = 150.0) -> float:

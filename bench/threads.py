@@ -26,9 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, install_signal_handlers, stop_process  # noqa: E402
-
-_TICK = os.sysconf("SC_CLK_TCK")
+from _procs import ZbkCluster, install_signal_handlers, stat_times, stop_process  # noqa: E402
 
 
 def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
@@ -38,11 +36,10 @@ def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
+            user, system = stat_times(f"/proc/{pid}/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(tid)] = (name, int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+        out[int(tid)] = (name, user, system)
     return out
 
 
