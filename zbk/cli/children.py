@@ -15,42 +15,28 @@ long as the process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
+from zbk.osthread import PR_SET_PDEATHSIG, PRCTL
 
 
 def die_with_parent_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that asks the kernel to send ``sig`` to the child when the forking
     thread ends; None where prctl is unavailable (the child then simply outlives us)."""
-    prctl = _PRCTL
+    prctl = PRCTL
     if prctl is None:
         return None
     parent, signum = os.getpid(), int(sig)
 
     def hook() -> None:  # runs in the child between fork and exec: keep it tiny
-        prctl(_PR_SET_PDEATHSIG, signum)
+        prctl(PR_SET_PDEATHSIG, signum)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os.kill(os.getpid(), signum)
 
