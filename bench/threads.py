@@ -3,15 +3,21 @@ each thread of bookie-0 and of the client, while one client writes N ledgers.
 
 For each ``--ledgers`` count (default 1 and 10,000) it starts three bookies (embedded
 metadata, journal fsynced), runs `bench/scale.py`'s ledgers workload in a worker process
-(E3 WQ3 AQ2, 1 KiB, window 1,000 in total, round-robin over the N ledgers, one run of
+(E3 WQ3 AQ2, 1 KiB, ``--window`` in total (default 1,000), round-robin over the N ledgers, one run of
 ``--seconds``, which starts once the bookies are idle after the ledgers' first entries:
 their index files are created by a checkpoint), and from 2 s into that run samples
 ``/proc/PID/task/*/stat`` of bookie-0 and of the client for ``--sample-seconds``. Thread
-names are those the kernel knows (the bookie's actor threads show as ``python``, in start
-order: journal, entry logger, index syncer, GC, server). Stops every process it started,
-by PID.
+names are those the kernel knows: the bookie's actor threads name themselves
+(``zbk-journal``, ``zbk-server``, ...), ZeroMQ's I/O thread is ``ZMQbg/IO/0``.
+
+``--strace SECONDS`` then attaches ``strace -f`` to bookie-0 for that long (after the CPU
+sample: strace slows the threads it watches several times over) and prints the system
+calls of each thread per entry bookie-0 acknowledged meanwhile. At window 1 an entry is a
+request, and the futex calls per request tell how often the actor threads contend for the
+GIL. Stops every process it started, by PID.
 
     .venv/bin/python bench/threads.py --ledgers 1 --ledgers 10000
+    .venv/bin/python bench/threads.py --ledgers 1 --window 1 --strace 4
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, install_signal_handlers, stat_times, stop_process  # noqa: E402
+from _procs import Bookie, ZbkCluster, install_signal_handlers, stat_times, stop_process  # noqa: E402
 
 
 def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
@@ -43,12 +53,12 @@ def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
     return out
 
 
-def measure(n: int, seconds: float, sample_s: float) -> dict[str, Any]:
+def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_s: float = 0.0) -> dict[str, Any]:
     with ZbkCluster(3) as zc:
         pids = [b.pid for b in zc.bookies]
         argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.py"), "--worker",
                 "multi", "--metadata", zc.metadata, "--pids", ",".join(map(str, pids)), "--counts", str(n),
-                "--window", "1000", "--size", "1024", "--seconds", str(seconds), "--warmup", "1", "--rounds", "1"]
+                "--window", str(window), "--size", "1024", "--seconds", str(seconds), "--warmup", "1", "--rounds", "1"]
         worker = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             # The worker creates the ledgers, writes one entry to each, waits for idle
@@ -66,6 +76,7 @@ def measure(n: int, seconds: float, sample_s: float) -> dict[str, Any]:
             time.sleep(sample_s)
             elapsed = time.monotonic() - t0
             after = {k: thread_times(p) for k, p in watched.items()}
+            syscalls = trace_syscalls(zc.bookies[0], strace_s) if strace_s else None
             out, err = worker.communicate(timeout=seconds + 60)
         finally:
             if worker.poll() is None:
@@ -85,21 +96,67 @@ def measure(n: int, seconds: float, sample_s: float) -> dict[str, Any]:
             if us + ss >= 0.05:
                 rows.append({"tid": tid, "name": name, "user_us": round(us, 2), "sys_us": round(ss, 2)})
         per[proc] = rows
-    return {"ledgers": n, "entries_per_s": rate, "run_seconds": seconds, "sampled_s": round(elapsed, 1), "threads": per}
+    return {"ledgers": n, "window": window, "entries_per_s": rate, "run_seconds": seconds, "sampled_s": round(elapsed, 1),
+            "threads": per, "syscalls_per_entry": syscalls}
+
+
+def _entries_added(bookie: Bookie) -> float:
+    m = re.search(r"^zbk_bookie_entries_added_total ([0-9.e+]+)$", bookie.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def trace_syscalls(bookie: Bookie, seconds: float) -> dict[str, dict[str, float]]:
+    """``strace -f`` on the bookie for ``seconds``: thread name -> syscall -> calls per entry."""
+    names = {tid: name for tid, (name, _, _) in thread_times(bookie.pid).items()}
+    with tempfile.NamedTemporaryFile(prefix="zbk-strace-", suffix=".txt", delete=False) as f:
+        path = f.name
+    try:
+        e0 = _entries_added(bookie)
+        tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", path, "-p", str(bookie.pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(seconds)
+        finally:
+            stop_process(tracer, sig=signal.SIGINT)  # strace detaches on SIGINT
+        entries = max(1.0, _entries_added(bookie) - e0)
+        counts: dict[tuple[int, str], int] = {}
+        with open(path) as f:
+            for line in f:
+                m = _STRACE_LINE.match(line)
+                if m:
+                    key = (int(m.group(1)), m.group(2))
+                    counts[key] = counts.get(key, 0) + 1
+    finally:
+        os.unlink(path)
+    out: dict[str, dict[str, float]] = {}
+    for (tid, call), k in sorted(counts.items()):
+        per = k / entries
+        if per >= 0.05:
+            out.setdefault(f"{names.get(tid, '?')} {tid}", {})[call] = round(per, 2)
+    return out
+
+
+# "TID name(" of a call, or "TID <... name resumed>" of one that blocked (counted at its start)
+_STRACE_LINE = re.compile(r"^(\d+)\s+([a-z_0-9]+)\(")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ledgers", type=int, action="append", help="ledger counts (repeatable; default 1 and 10000)")
     ap.add_argument("--seconds", type=float, default=45.0, help="length of the worker's run")
+    ap.add_argument("--window", type=int, default=1000, help="entries in flight in total (1: one at a time)")
+    ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
+                    help="after the CPU sample, count bookie-0's system calls per thread for this long")
     ap.add_argument("--sample-seconds", type=float, default=15.0, help="CPU sampled over this much of the run")
     a = ap.parse_args()
-    if a.sample_seconds + 4 > a.seconds:
-        ap.error("--sample-seconds must leave at least 4 s of the run around it")
+    if a.sample_seconds + a.strace + 4 > a.seconds:
+        ap.error("--sample-seconds (plus --strace) must leave at least 4 s of the run around it")
+    if a.strace and shutil.which("strace") is None:
+        ap.error("--strace needs strace (apt install strace)")
     install_signal_handlers(max_seconds=900)
     results = []
     for n in a.ledgers or [1, 10_000]:
-        r = measure(n, a.seconds, a.sample_seconds)
+        r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace)
         results.append(r)
         print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system):")
         for proc, rows in r["threads"].items():
@@ -108,6 +165,11 @@ def main() -> int:
                 total += row["user_us"] + row["sys_us"]
                 print(f"  {proc:8} {row['tid']:>8} {row['name']:16} {row['user_us']:6.2f} + {row['sys_us']:5.2f}")
             print(f"  {proc:8} {'all':>8} {'':16} {total:6.2f}")
+        if r["syscalls_per_entry"]:
+            print(f"{n} ledgers: bookie-0's system calls per entry, by thread (under strace):")
+            for thread, calls in r["syscalls_per_entry"].items():
+                top = sorted(calls.items(), key=lambda kv: -kv[1])
+                print(f"  {thread:24} " + "  ".join(f"{c} {v:g}" for c, v in top))
     print(json.dumps({"bench": "threads", "results": results}))
     return 0
 
