@@ -89,3 +89,27 @@ def test_other_components_validate():
     with pytest.raises(ConfigError):
         AutoRecoveryConfig().validate()
     assert AutoRecoveryConfig(metadata_uri="sqlite:///m.db").validate().http_port == 8100
+
+
+@pytest.mark.parametrize("text, cpus", [("", set()), ("0", {0}), ("0-1", {0, 1}), (" 0 , 0-0 ", {0})])
+def test_actor_cpus_takes_a_cpu_list(text, cpus):
+    assert _base(actor_cpus=text).validate().actor_cpu_set() == cpus
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x", "not a CPU list"), ("1-", "not a CPU list"), ("3-1", "runs backwards"), ("-1", "not a CPU list"),
+    ("4096", "not available to this process"),
+])
+def test_actor_cpus_rejects_bad_lists_and_cpus_out_of_reach(text, message):
+    with pytest.raises(ConfigError, match=message):
+        _base(actor_cpus=text).validate()
+
+
+def test_actor_cpus_takes_one_cpu_as_a_number(tmp_path):
+    f = tmp_path / "bookie.toml"
+    f.write_text("actor_cpus = 0\n")
+    assert load(BookieConfig, path=str(f)).actor_cpus == "0"
+    assert load(BookieConfig, overrides=["actor_cpus=0"]).actor_cpus == "0"
+    assert load(BookieConfig, overrides=["actor_cpus=0-1"]).actor_cpus == "0-1"
+    with pytest.raises(ConfigError):
+        load(BookieConfig, overrides=["actor_cpus=true"])

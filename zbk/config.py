@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from zbk import limits
 from zbk.errors import ConfigError
+from zbk.osthread import allowed_cpus, parse_cpu_list
 
 C = TypeVar("C")
 
@@ -101,6 +102,11 @@ class BookieConfig:
     curve_server_public_key_file: str = ""
     curve_server_keys_dir: str = ""
     admin_token: str = ""
+    # The CPUs the actor threads (journal, entry logger, index, GC, Server) are confined to,
+    # as taskset -c takes them ("2", "0-1"); empty: wherever the kernel schedules them. One
+    # CPU saves the cross-CPU hand-overs of the GIL between them (docs/operations.md,
+    # "CPU affinity").
+    actor_cpus: str = ""
 
     def resolved(self) -> BookieConfig:
         """Fill the defaults that derive from other keys (bookie id, directories)."""
@@ -153,11 +159,25 @@ class BookieConfig:
         _positive("auditor_periodic_check_interval_s", cfg.auditor_periodic_check_interval_s)
         if not 1024 <= cfg.max_frame_bytes <= limits.frame_bytes_max_ceiling:
             raise ConfigError(f"max_frame_bytes must be in [1024, {limits.frame_bytes_max_ceiling}]")
+        cfg.actor_cpu_set()
         if bool(cfg.curve_secret_key_file) != bool(cfg.curve_authorized_keys_dir):
             raise ConfigError("curve_secret_key_file and curve_authorized_keys_dir go together")
         if (cfg.curve_server_public_key_file or cfg.curve_server_keys_dir) and not cfg.curve_secret_key_file:
             raise ConfigError("curve_server_public_key_file / curve_server_keys_dir need curve_secret_key_file")
         return cfg
+
+    def actor_cpu_set(self) -> frozenset[int]:
+        """``actor_cpus`` as a set (empty: not confined); ConfigError when it is not a CPU list
+        or names a CPU this process may not run on."""
+        try:
+            cpus = parse_cpu_list(self.actor_cpus)
+        except ValueError as e:
+            raise ConfigError(f"actor_cpus: {e}") from None
+        allowed = allowed_cpus()
+        if cpus and allowed is not None and not cpus <= allowed:
+            raise ConfigError(f"actor_cpus: CPU(s) {sorted(cpus - allowed)} are not available to this process "
+                              f"(it may run on {sorted(allowed)})")
+        return cpus
 
     def autorecovery_config(self, http_port: int) -> AutoRecoveryConfig:
         """``autorecovery_enabled``: the settings of the auditor candidate and replicators
@@ -249,6 +269,9 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+_CPU_LIST_KEYS = frozenset({"actor_cpus"})
+
+
 def _coerce(cls_name: str, key: str, value: Any, typ: Any) -> Any:
     origin = typing.get_origin(typ)
     if typ is bool:
@@ -276,6 +299,8 @@ def _coerce(cls_name: str, key: str, value: Any, typ: Any) -> Any:
     elif typ is str:
         if isinstance(value, str):
             return value
+        if key in _CPU_LIST_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)  # actor_cpus = 2 (TOML) or --set actor_cpus=2: one CPU
     elif origin is tuple:
         if isinstance(value, str):
             return tuple(p for p in (s.strip() for s in value.split(",")) if p)

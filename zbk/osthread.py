@@ -1,5 +1,6 @@
-"""Linux process controls through ``prctl(2)``: the calling thread's kernel name, and the
-signal a child gets when its parent thread ends (zbk/cli/children.py).
+"""Linux thread controls: the calling thread's kernel name and the signal a child gets when
+its parent thread ends (``prctl(2)``, zbk/cli/children.py), and the CPUs a thread may run on
+(``sched_setaffinity(2)``, the bookie's ``actor_cpus``).
 
 Python 3.11 leaves every thread's kernel name as the process's ("python"), so ``top -H``,
 ``ps -L``, ``perf`` and ``strace -f`` cannot tell a bookie's journal from its Server. The
@@ -10,6 +11,7 @@ actor threads name themselves (``zbk-journal``, ``zbk-server``, ...) with
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections.abc import Callable
 
@@ -36,3 +38,35 @@ def name_current_thread(name: str) -> bool:
         return False
     raw = name.encode("utf-8", "replace")[:_NAME_BYTES_MAX]
     return PRCTL(PR_SET_NAME, ctypes.c_char_p(raw), 0, 0, 0) == 0
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A CPU list as ``taskset -c`` and /sys take it: ``"2"``, ``"0,2"``, ``"0-3,6"``.
+    Empty text: the empty set. ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+            raise ValueError(f"not a CPU list: {text!r} (e.g. 2, 0,2 or 0-3)")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"not a CPU list: {text!r} ({part}: the range runs backwards)")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def allowed_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on; None where the platform cannot tell."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def pin_current_thread(cpus: frozenset[int]) -> None:
+    """Confine the calling thread (not the process: Linux applies pid 0 to the caller) to
+    ``cpus``. Nothing for the empty set."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)

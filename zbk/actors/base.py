@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import zmq
 
 from zbk.clock import Clock
-from zbk.osthread import name_current_thread
+from zbk.osthread import name_current_thread, pin_current_thread
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,9 @@ class ActorLoop(threading.Thread):
 
     def __init__(self, *, ctx: zmq.Context[Any], instance: str, core: Core, senders: list[str],
                  peers: list[str], clock: Clock, on_crash: Callable[[str, BaseException], None],
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, cpus: frozenset[int] = frozenset()) -> None:
         super().__init__(name=f"zbk-{core.name}", daemon=True)
+        self.cpus = cpus  # confined to these CPUs (the bookie's actor_cpus); empty: not confined
         self.ctx, self.instance, self.core, self.clock = ctx, instance, core, clock
         self.on_crash, self.stop_event = on_crash, stop
         self.inbound: list[zmq.Socket[Any]] = []
@@ -231,6 +232,7 @@ class ActorLoop(threading.Thread):
     def run(self) -> None:
         name_current_thread(self.name)  # zbk-<core>: tells the actors apart in top -H, strace -f, perf
         try:
+            pin_current_thread(self.cpus)
             self.outbox = SocketOutbox(self.ctx, self.instance, self.core.name, self.peers)
             self.core.outbox = self.outbox  # type: ignore[attr-defined]
             self.setup()

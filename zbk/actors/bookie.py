@@ -326,7 +326,8 @@ class Bookie:
         entrylogger = EntryLoggerCore(self.logs)
         index = IndexCore(self.cache, flush_interval_s=cfg.flush_interval_ms / 1000.0,
                           persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
-        common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash, stop=self.stop_event)
+        common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash,
+                                      stop=self.stop_event, cpus=cfg.actor_cpu_set())
         # senders: who sends to this actor (one PULL each); peers: to whom it sends.
         self.index_actor = ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
                                      peers=["entrylogger", "journal", "server", "gc"], **common)
