@@ -240,7 +240,9 @@ class Bookie:
 class ZbkCluster(_Cluster):
     """N bookie processes (`zbk bookie`) on loopback sharing embedded sqlite metadata.
 
-    ``settings`` are bookie config overrides (``--set``). The GC is slowed down by default:
+    ``settings`` are bookie config overrides (``--set``); ``actor_cpus="spread"`` gives each
+    bookie's actor threads one CPU of their own, round-robin over the CPUs this process may
+    use (bookie i: the i-th, modulo their count). The GC is slowed down by default:
     raw-protocol benchmarks write ledgers that have no metadata, which a GC run would rightly
     delete."""
 
@@ -268,6 +270,9 @@ class ZbkCluster(_Cluster):
             argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", self.metadata,
                     "--data-dir", str(self.root / name), "--port", str(port), "--http-port", str(http_port)]
             for k, v in settings.items():
+                if k == "actor_cpus" and v == "spread":
+                    cpus = sorted(os.sched_getaffinity(0))
+                    v = cpus[i % len(cpus)]
                 argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
             if self.profile and i == 0:
                 spy = str(Path(sys.executable).parent / "py-spy")
@@ -371,6 +376,7 @@ class NatsCluster(_Cluster):
     n: int = 3
     root: Path | None = None
     nodes: list[NatsNode] = field(default_factory=list)
+    spread_cpus: bool = False  # each server on one CPU of its own, round-robin (as zbk's actor_cpus=spread)
     _own_root: bool = False
 
     @property
@@ -387,7 +393,7 @@ class NatsCluster(_Cluster):
             self.nodes.append(NatsNode(name, free_port(), free_port(), free_port(), self.root / name,
                                        self.root / f"{name}.conf", self.root / f"{name}.log"))
         routes = ", ".join(f"nats-route://{LOOPBACK}:{nd.cluster_port}" for nd in self.nodes)
-        for nd in self.nodes:
+        for i, nd in enumerate(self.nodes):
             nd.conf.write_text(
                 f'server_name: "{nd.name}"\n'
                 f'listen: "{LOOPBACK}:{nd.port}"\n'
@@ -402,7 +408,11 @@ class NatsCluster(_Cluster):
                 f'  listen: "{LOOPBACK}:{nd.cluster_port}"\n'
                 f"  routes: [{routes}]\n"
                 "}\n")
-            nd.proc = start_process([binary, "-c", str(nd.conf)], nd.log)
+            argv = [binary, "-c", str(nd.conf)]
+            if self.spread_cpus:  # taskset execs the server: the PID stays the server's
+                cpus = sorted(os.sched_getaffinity(0))
+                argv = ["taskset", "-c", str(cpus[i % len(cpus)]), *argv]
+            nd.proc = start_process(argv, nd.log)
         self._wait_ready(timeout_s)
         return self
 

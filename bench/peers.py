@@ -285,6 +285,9 @@ def main() -> int:
     ap.add_argument("--throughput-window", type=int, default=1000)
     ap.add_argument("--latency-window", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
+    ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
+                    help="spread: each NATS server confined to one CPU, round-robin (to set against "
+                         "zbk's --set actor_cpus=spread)")
     ap.add_argument("--plot", metavar="PNG", help="write a latency/throughput figure here")
     ap.add_argument("--json-out", metavar="FILE", help="also write the full report (every run) here")
     ap.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
@@ -317,7 +320,8 @@ def main() -> int:
     settings = dict(s.split("=", 1) for s in args.set)
     started = time.time()
     runs: list[dict[str, Any]] = []
-    nats, zbk = NatsCluster(3), ZbkCluster(3, settings=settings, profile=args.profile)
+    nats = NatsCluster(3, spread_cpus=args.nats_cpus == "spread")
+    zbk = ZbkCluster(3, settings=settings, profile=args.profile)
     try:
         nats.start()
         zbk.start()
@@ -342,7 +346,7 @@ def main() -> int:
         nats.stop()
     summary = summarize(runs, args)
     report = {"bench": "peers", "git": git_rev(), "rounds": args.rounds, "seconds": args.seconds,
-              "entry_size": args.size, "zbk_settings": settings, "load_end": loadavg(),
+              "entry_size": args.size, "zbk_settings": settings, "nats_cpus": args.nats_cpus, "load_end": loadavg(),
               "wall_s": round(time.time() - started, 1), "rss_end": rss, **summary}
     print_table(summary, args)
     if args.plot:
