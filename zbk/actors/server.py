@@ -25,7 +25,7 @@ import hmac
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from zbk import limits
@@ -71,7 +71,9 @@ class LedgerState:
     limbo: bool = False
     lac: int = -1  # highest LAC piggybacked on an acknowledged add, or set explicitly
     last_entry_id: int = -1  # highest entry id acknowledged here
-    waiters: list[LongPoll] = field(default_factory=list)
+    # Long polls waiting for the LAC to pass theirs; None when there are none (an empty list
+    # per ledger was 56 bytes of each of 100,000 ledgers' state).
+    waiters: list[LongPoll] | None = None
 
 
 @dataclass(slots=True)
@@ -585,6 +587,8 @@ class ServerCore:
         state = self.ledgers.get(req.ledger_id)
         if req.flags & w.ReadFlag.LONG_POLL and state is not None and state.lac <= req.previous_lac:
             timeout = min(req.timeout_ms, limits.long_poll_timeout_ms_max) / 1000.0
+            if state.waiters is None:
+                state.waiters = []
             state.waiters.append(LongPoll(ident, req, now + timeout, now))
             self.long_polls += 1
             self.polling.add(req.ledger_id)
@@ -646,7 +650,7 @@ class ServerCore:
         state.lac = lac
         if state.waiters:
             ready = [wt for wt in state.waiters if wt.req.previous_lac < lac]
-            state.waiters = [wt for wt in state.waiters if wt.req.previous_lac >= lac]
+            state.waiters = [wt for wt in state.waiters if wt.req.previous_lac >= lac] or None
             self.long_polls -= len(ready)
             if not state.waiters:
                 self.polling.discard(lid)
@@ -839,14 +843,14 @@ class ServerCore:
         for lid in list(self.polling):
             state = self.ledgers[lid]
             keep = []
-            for wt in state.waiters:
+            for wt in state.waiters or ():
                 if wt.deadline <= now:
                     # Nothing new in time: "entry previous_lac+1 is not here (yet)", with the LAC.
                     self._reply_read(wt.ident, wt.req, [], lid_known=True, started=wt.started, now=now)
                 else:
                     keep.append(wt)
-            self.long_polls -= len(state.waiters) - len(keep)
-            state.waiters = keep
+            self.long_polls -= len(state.waiters or ()) - len(keep)
+            state.waiters = keep or None
             if not keep:
                 self.polling.discard(lid)
 
@@ -874,8 +878,8 @@ class ServerCore:
                 continue
             state = self.ledgers.pop(lid, None)
             if state is not None:
-                self.long_polls -= len(state.waiters)
-                for wt in state.waiters:  # long polls on a deleted ledger end now
+                self.long_polls -= len(state.waiters or ())
+                for wt in state.waiters or ():  # long polls on a deleted ledger end now
                     self._finish_read(wt.ident, wt.req, Status.ENOLEDGER, [], wt.started, now)
                 self.polling.discard(lid)
             dropped.append(lid)

@@ -80,7 +80,7 @@ _LITTLE = sys.byteorder == "little"
 _TORN_SIZE_GRANULE = 4096  # a crash leaves a growing file's size on a page-cache page boundary
 
 
-@dataclass
+@dataclass(slots=True)
 class IndexHeader:
     """A ledger's durable state on this bookie (BP-46 fenced and limbo, master key, explicit LAC)."""
 
