@@ -98,7 +98,8 @@ def test_actor_cpus_takes_a_cpu_list(text, cpus):
 
 @pytest.mark.parametrize("text, message", [
     ("x", "not a CPU list"), ("1-", "not a CPU list"), ("3-1", "runs backwards"), ("-1", "not a CPU list"),
-    ("4096", "not available to this process"),
+    ("4096", "not available to this process"), ("0-99999999999", "not a CPU list"), ("0-8192", "go up to 8191"),
+    ("\u00b2", "not a CPU list"), ("1 2", "not a CPU list"),
 ])
 def test_actor_cpus_rejects_bad_lists_and_cpus_out_of_reach(text, message):
     with pytest.raises(ConfigError, match=message):

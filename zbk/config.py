@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from zbk import limits
 from zbk.errors import ConfigError
-from zbk.osthread import allowed_cpus, parse_cpu_list
+from zbk.osthread import allowed_cpus, can_pin, parse_cpu_list
 
 C = TypeVar("C")
 
@@ -173,6 +173,8 @@ class BookieConfig:
             cpus = parse_cpu_list(self.actor_cpus)
         except ValueError as e:
             raise ConfigError(f"actor_cpus: {e}") from None
+        if cpus and not can_pin():
+            raise ConfigError("actor_cpus: this platform cannot confine threads to CPUs (Linux can); leave it empty")
         allowed = allowed_cpus()
         if cpus and allowed is not None and not cpus <= allowed:
             raise ConfigError(f"actor_cpus: CPU(s) {sorted(cpus - allowed)} are not available to this process "

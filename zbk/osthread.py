@@ -5,13 +5,15 @@ its parent thread ends (``prctl(2)``, zbk/cli/children.py), and the CPUs a threa
 Python 3.11 leaves every thread's kernel name as the process's ("python"), so ``top -H``,
 ``ps -L``, ``perf`` and ``strace -f`` cannot tell a bookie's journal from its Server. The
 actor threads name themselves (``zbk-journal``, ``zbk-server``, ...) with
-:func:`name_current_thread`. Elsewhere than Linux both are no-ops.
+:func:`name_current_thread`. Elsewhere than Linux naming is a no-op, and confining
+threads to CPUs is refused (:func:`can_pin`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -42,19 +44,32 @@ def name_current_thread(name: str) -> bool:
 
 def parse_cpu_list(text: str) -> frozenset[int]:
     """A CPU list as ``taskset -c`` and /sys take it: ``"2"``, ``"0,2"``, ``"0-3,6"``.
-    Empty text: the empty set. ValueError on anything else."""
+    Empty text: the empty set. ValueError on anything else, and on CPU numbers of
+    ``CPU_MAX`` or more (Linux builds for at most 8,192)."""
     cpus: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        lo, sep, hi = part.partition("-")
-        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+        m = _CPU_RANGE.fullmatch(part)
+        if m is None:
             raise ValueError(f"not a CPU list: {text!r} (e.g. 2, 0,2 or 0-3)")
-        first, last = int(lo), int(hi) if sep else int(lo)
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
         if last < first:
             raise ValueError(f"not a CPU list: {text!r} ({part}: the range runs backwards)")
+        if last >= CPU_MAX:
+            raise ValueError(f"not a CPU list: {text!r} (CPU numbers go up to {CPU_MAX - 1})")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
+
+
+CPU_MAX = 8192
+_CPU_RANGE = re.compile(r"(\d{1,5})\s*(?:-\s*(\d{1,5}))?", re.ASCII)
+
+
+def can_pin() -> bool:
+    """Whether this platform can confine a thread to CPUs (Linux can)."""
+    return hasattr(os, "sched_setaffinity")
 
 
 def allowed_cpus() -> frozenset[int] | None:
