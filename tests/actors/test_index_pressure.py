@@ -22,7 +22,7 @@ from zbk.actors.messages import (
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import make_digest, master_key
 from zbk.storage.index import PAGE_BYTES
-from zbk.storage.ledgercache import LedgerCache
+from zbk.storage.ledgercache import DELTA_PAGE_BYTES, DELTA_SLOT_BYTES, LedgerCache
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.entry import build_entry
@@ -79,10 +79,12 @@ def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(t
     out = ListOutbox()
     core.outbox = out
     lid = 0
-    while not out.take(dest="server", kind=IndexPressure):  # one new ledger = one dirty page
+    # One new ledger with one entry = a new-page delta of one slot (LedgerCache, "New pages").
+    per_ledger = DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
+    while not out.take(dest="server", kind=IndexPressure):
         lid += 1
         core.on_message(IndexPut(lid, [0], [lid * 100]), 0.0)
-        assert lid <= 20, "no pressure although dirty pages passed twice the bound"
+        assert lid <= 2 * cache.bytes_max // per_ledger + 1, "no pressure although dirty bytes passed twice the bound"
     assert cache.dirty_bytes >= 2 * cache.bytes_max
     assert len(out.take(dest="entrylogger", kind=StartCheckpoint)) == 1, "a checkpoint is already on its way"
     core.on_message(IndexPut(lid + 1, [0], [1]), 0.0)  # more puts while the checkpoint runs

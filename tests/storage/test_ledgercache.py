@@ -93,7 +93,9 @@ def test_eviction_under_a_small_budget_reads_correctly(tmp_path, rng):
     c = LedgerCache([d], 4 * PAGE_BYTES)
     entries = {}
     for ledger_id in range(1, 6):
-        for e in range(0, 6 * PAGE_ENTRIES, 97):
+        # Every 7th entry: 146 slots a page, enough to make each new page a whole dirty page
+        # (a sparser new page is a delta: see test_new_pages_start_as_deltas...).
+        for e in range(0, 6 * PAGE_ENTRIES, 7):
             c.put(ledger_id, e, loc(e + ledger_id))
             entries[(ledger_id, e)] = loc(e + ledger_id)
     # Dirty pages are never dropped: the budget is exceeded and a checkpoint is asked for.
@@ -202,9 +204,11 @@ def test_failed_flush_keeps_pages_dirty_and_can_be_retried(tmp_path):
     c = LedgerCache([d], 1 << 20, disk)
     c.put(1, 0, loc(0))
     c.set_fenced(1)
+    dirty = c.dirty_bytes  # a new page: a delta of one slot until it is written whole
+    assert dirty > 0
     with pytest.raises(OSError):
         c.flush()
-    assert c.dirty_bytes == PAGE_BYTES
+    assert c.dirty_bytes == dirty
     disk.fail_fsync = False
     c.flush()
     assert c.dirty_bytes == 0
@@ -478,3 +482,95 @@ def test_pages_read_past_a_torn_end_are_written_whole(tmp_path):
     assert c.flush() == PAGE_BYTES
     c.close()
     assert os.path.getsize(path) == HEADER_BYTES + 2 * PAGE_BYTES
+
+
+def test_new_pages_start_as_deltas_and_are_written_whole(tmp_path):
+    """Thousands of new ledgers with an entry or two each hold a delta apiece, not a 16 KiB
+    page (bookie RSS and index pressure with many new ledgers); the flush writes each new
+    page whole, so files grow by whole pages, and keeps it cached clean."""
+    d = str(tmp_path)
+    disk = CountingDisk()
+    c = LedgerCache([d], 1 << 20, disk)
+    n = 1000
+    for lid in range(1, n + 1):
+        c.put(lid, 0, loc(lid))
+        c.put(lid, 1, loc(lid + 1))
+    assert c.dirty_bytes == n * (DELTA_PAGE_BYTES + 2 * DELTA_SLOT_BYTES) < n * PAGE_BYTES
+    assert not c.needs_flush
+    assert c.get(7, 1) == loc(8) and c.get(7, 2) is None  # read before the flush: from the delta
+    c.flush()
+    assert c.dirty_bytes == 0
+    for lid in (1, 500, n):
+        assert os.path.getsize(index_path(d, lid)) == HEADER_BYTES + PAGE_BYTES
+    disk.pwrites.clear()
+    c.put(500, 2, loc(3))  # cached clean after the flush: a changed range, not a page
+    assert c.flush() == SLOT_BYTES and disk.pwrites == [(HEADER_BYTES + 2 * SLOT_BYTES, SLOT_BYTES)]
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert [c.get(lid, 0) for lid in (1, 500, n)] == [loc(1), loc(500), loc(n)]
+    assert c.get_range(500, 0, 4) == [loc(500), loc(501), loc(3), None]
+    assert c.entry_ids(7) == [(0, 1)] and c.last_entry_id(7) == 1
+
+
+def test_a_dense_new_page_becomes_a_whole_page(tmp_path):
+    """Past the slots whose charge passes a page's, a new page is an ordinary dirty page."""
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    slots_max = PAGE_BYTES // DELTA_SLOT_BYTES
+    for e in range(slots_max):
+        c.put(1, e, loc(e))
+    assert c.dirty_bytes == DELTA_PAGE_BYTES + slots_max * DELTA_SLOT_BYTES
+    c.put(1, slots_max, loc(slots_max))
+    assert c.dirty_bytes == PAGE_BYTES
+    for e in range(slots_max + 1, PAGE_ENTRIES + 3):  # into page 1: a new delta again
+        c.put(1, e, loc(e))
+    assert c.dirty_bytes == PAGE_BYTES + DELTA_PAGE_BYTES + 3 * DELTA_SLOT_BYTES
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert c.get_range(1, 0, PAGE_ENTRIES + 4) == [*(loc(e) for e in range(PAGE_ENTRIES + 3)), None]
+
+
+def test_a_new_page_written_whole_is_not_written_whole_again_over_later_slots(tmp_path):
+    """After the flush that wrote a new page whole, the page is in the file: puts to it are
+    never again a new page (whose whole-page write of zeros would erase the earlier slots),
+    also when the clean copy was evicted."""
+    d = str(tmp_path)
+    c = LedgerCache([d], PAGE_BYTES)  # room for one page: the clean copies get evicted
+    for lid in (1, 2, 3):
+        c.put(lid, 0, loc(lid))
+    c.flush()
+    for lid in (1, 2, 3):
+        c.put(lid, 1, loc(10 + lid))
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert [c.get_range(lid, 0, 3) for lid in (1, 2, 3)] == [[loc(lid), loc(10 + lid), None] for lid in (1, 2, 3)]
+
+
+def test_a_failed_flush_of_new_pages_is_retried_whole(tmp_path):
+    d = str(tmp_path)
+    disk = FaultyDisk(fail_fsync=True)
+    c = LedgerCache([d], 1 << 20, disk)
+    for lid in range(1, 6):
+        c.put(lid, 0, loc(lid))
+    with pytest.raises(OSError):
+        c.flush()
+    c.put(3, 1, loc(33))  # more after the failure, before the retry
+    disk.fail_fsync = False
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert [c.get(lid, 0) for lid in range(1, 6)] == [loc(lid) for lid in range(1, 6)]
+    assert c.get(3, 1) == loc(33)
+
+
+def test_deleting_a_ledger_with_a_new_page_delta(tmp_path):
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    c.put(1, 0, loc(1))
+    c.put(2, 0, loc(2))
+    assert c.delete_ledger(1)
+    assert c.dirty_bytes == DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
+    c.flush()
+    assert not os.path.exists(index_path(d, 1)) and c.get(2, 0) == loc(2)

@@ -21,8 +21,17 @@ over thousands of ledgers) then cost neither a page read per put nor 16 KiB of m
 and of writing per ledger, and do not fill the cache into a checkpoint every few
 thousand entries. A read of such a page loads it from the file and applies the delta
 (it becomes an ordinary dirty page). A key is in at most one of: dirty pages, clean
-pages, deltas. Pages beyond the file's end (new ledgers, new pages, a torn last page)
-are whole dirty pages as before, so a file still only ever grows by whole pages.
+pages, deltas.
+
+New pages (issue #8): a page beyond its file's end (every page of a new ledger, a page a
+ledger grows into) starts as a delta too, a *new-page delta*, and the flush writes it
+whole: zeros and its slots, so a file still only ever grows by whole pages. It becomes an
+ordinary dirty page once it holds more than ``_NEW_PAGE_DELTA_SLOTS_MAX`` slots (where a
+16 KiB page is the cheaper way to hold them). Before this, each new ledger cost a 16 KiB
+dirty page from its first entry to the next checkpoint: a bookie creating 4,000 ledgers a
+second filled the cache's hard bound (twice ``bytes_max``) every two seconds, held new adds
+for 2-5 s while the checkpoint created their files, and its RSS passed 400 MiB. A torn last
+page (part of a page at the file's end) is read and made a whole dirty page, as before.
 
 Changed ranges (issue #8): a cached clean page that lies wholly inside its file is what the
 file holds. When puts make it dirty, the cache remembers the lowest and highest slot they
@@ -59,6 +68,9 @@ _FLUSH_GROUP = 512  # files written before their fsyncs in a flush (<= _FDS_MAX,
 # the table of deltas; about 90 bytes per slot held, for the dict entry and two ints).
 DELTA_PAGE_BYTES = 384
 DELTA_SLOT_BYTES = 128
+# A new-page delta with more slots than this is made a whole page (16 KiB): the slots'
+# charge would pass the page's.
+_NEW_PAGE_DELTA_SLOTS_MAX = PAGE_BYTES // DELTA_SLOT_BYTES
 Page = array.array  # of int: (location, check) words; see zbk.storage.index
 
 
@@ -108,6 +120,9 @@ class LedgerCache:
         self._clean: OrderedDict[tuple[int, int], Page] = OrderedDict()
         self._deltas: dict[tuple[int, int], dict[int, int]] = {}  # entry id -> location
         self._delta_slots = 0  # slots held in all deltas
+        self._new_deltas: set[tuple[int, int]] = set()  # keys of deltas of pages beyond the file's end
+        self._new_written: dict[tuple[int, int], Page] = {}  # new pages this flush wrote whole, to cache
+        self._keep_new = 0  # how many of them (the cache's room when the flush started)
         self._header_dirty: set[int] = set()
         self._fds: OrderedDict[int, int] = OrderedDict()
         for d in self._dirs:
@@ -142,6 +157,8 @@ class LedgerCache:
             if entry_id not in delta:
                 self._delta_slots += 1
             delta[entry_id] = location
+            if len(delta) > _NEW_PAGE_DELTA_SLOTS_MAX and key in self._new_deltas:
+                self._promote(key)
         led = self._ledgers[ledger_id]
         if entry_id > led.max_put:
             led.max_put = entry_id
@@ -161,11 +178,27 @@ class LedgerCache:
                 led.hold(page_no)
                 self._evict()
                 return None
-            page = self._load_page(led, page_no)
+            if not led.on_disk or page_no >= self._disk_pages(led):
+                self._deltas[key] = {}  # a new page (see the module doc, "New pages")
+                self._new_deltas.add(key)
+                led.hold(page_no)
+                self._evict()
+                return None
+            page = self._load_page(led, page_no)  # a torn last page
             led.hold(page_no)
         self._dirty[key] = page
         self._evict()
         return page
+
+    def _promote(self, key: tuple[int, int]) -> None:
+        """A new-page delta becomes a whole dirty page (zeros and its slots)."""
+        delta = self._deltas.pop(key)
+        self._new_deltas.discard(key)
+        page = index.new_page()
+        _apply(page, delta)
+        self._delta_slots -= len(delta)
+        self._dirty[key] = page
+        self._evict()
 
     def _merge_delta(self, key: tuple[int, int]) -> Page:
         """The page of a key that has a delta: read from the file, the delta applied; it is
@@ -173,6 +206,7 @@ class LedgerCache:
         led = self._ledgers[key[0]]
         page = self._load_page(led, key[1])  # before the delta goes: a failed read loses nothing
         delta = self._deltas.pop(key)
+        self._new_deltas.discard(key)  # beyond the file, the page read is zeros: written whole
         _apply(page, delta)
         self._delta_slots -= len(delta)
         self._dirty[key] = page
@@ -364,6 +398,7 @@ class LedgerCache:
             delta = self._deltas.pop((ledger_id, page_no), None)
             if delta is not None:
                 self._delta_slots -= len(delta)
+                self._new_deltas.discard((ledger_id, page_no))
         self._header_dirty.discard(ledger_id)
         fd = self._fds.pop(ledger_id, None)
         if fd is not None:
@@ -400,6 +435,10 @@ class LedgerCache:
             pages_of.setdefault(ledger_id, [])
         written = 0
         new_dirs: set[str] = set()
+        self._new_written.clear()  # what a failed flush before this one wrote
+        # New pages written whole are kept (cached clean) only while the cache has room for
+        # them: a checkpoint after 40,000 new ledgers must not hold 40,000 pages at once.
+        self._keep_new = max(0, self._bytes_max - self.cached_bytes) // PAGE_BYTES
         # Files are written a group at a time, then the group's files fsynced, each through
         # the descriptor that wrote it (so a writeback error is reported to us and not to a
         # descriptor opened later; a group is never larger than the descriptor cache, so
@@ -441,7 +480,16 @@ class LedgerCache:
                 index.write_page_words(self._disk, fd, page_no, self._dirty[key], r[0], r[1] + 2)
                 written += 8 * (r[1] + 2 - r[0])
         for page_no in delta_page_nos:
-            written += self._write_delta(fd, self._deltas[(led.ledger_id, page_no)])
+            key = (led.ledger_id, page_no)
+            if key in self._new_deltas:  # beyond the file's end: the whole page
+                page = index.new_page()
+                _apply(page, self._deltas[key])
+                index.write_page(self._disk, fd, page_no, page)
+                if len(self._new_written) < self._keep_new:
+                    self._new_written[key] = page  # cached clean once the flush has succeeded
+                written += PAGE_BYTES
+            else:
+                written += self._write_delta(fd, self._deltas[key])
         # A file created just now already starts with the current header (_ensure_file).
         if led.ledger_id in self._header_dirty and not created:
             self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
@@ -471,6 +519,22 @@ class LedgerCache:
             self._clean[(ledger_id, page_no)] = page
         self._dirty.clear()
         self._ranges.clear()
+        # New pages written whole are in the file now, wholly, as the dirty pages above: a
+        # later put to one is never a new page again (its whole-page write of zeros would
+        # erase these slots). Those the cache has room for stay cached clean (readers of a
+        # ledger's newest entries find them; later puts write ranges).
+        for ledger_id, page_no in self._new_deltas:
+            led = self._ledgers[ledger_id]
+            if led.disk_pages is not None:
+                if page_no >= led.disk_pages:
+                    led.disk_pages = page_no + 1
+                if page_no >= led.full_pages:
+                    led.full_pages = page_no + 1
+        for key, page in self._new_written.items():
+            del self._deltas[key]  # held by the clean page now: not released below
+            self._clean[key] = page
+        self._new_written.clear()
+        self._new_deltas.clear()
         # Written deltas are not kept: the cache never held their pages.
         for ledger_id, page_no in self._deltas:
             self._ledgers[ledger_id].release(page_no)
