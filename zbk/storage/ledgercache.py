@@ -509,13 +509,7 @@ class LedgerCache:
 
     def _mark_clean(self) -> None:
         for (ledger_id, page_no), page in self._dirty.items():
-            led = self._ledgers[ledger_id]
-            if led.disk_pages is not None:
-                # A page written whole is in the file wholly now, and so are all before it.
-                if page_no >= led.disk_pages:
-                    led.disk_pages = page_no + 1
-                if page_no >= led.full_pages:
-                    led.full_pages = page_no + 1
+            self._written_whole(ledger_id, page_no)
             self._clean[(ledger_id, page_no)] = page
         self._dirty.clear()
         self._ranges.clear()
@@ -524,12 +518,7 @@ class LedgerCache:
         # erase these slots). Those the cache has room for stay cached clean (readers of a
         # ledger's newest entries find them; later puts write ranges).
         for ledger_id, page_no in self._new_deltas:
-            led = self._ledgers[ledger_id]
-            if led.disk_pages is not None:
-                if page_no >= led.disk_pages:
-                    led.disk_pages = page_no + 1
-                if page_no >= led.full_pages:
-                    led.full_pages = page_no + 1
+            self._written_whole(ledger_id, page_no)
         for key, page in self._new_written.items():
             del self._deltas[key]  # held by the clean page now: not released below
             self._clean[key] = page
@@ -542,6 +531,15 @@ class LedgerCache:
         self._delta_slots = 0
         self._header_dirty.clear()
         self._evict()
+
+    def _written_whole(self, ledger_id: int, page_no: int) -> None:
+        """A page written whole is in the file wholly now, and so are all before it."""
+        led = self._ledgers[ledger_id]
+        if led.disk_pages is not None:
+            if page_no >= led.disk_pages:
+                led.disk_pages = page_no + 1
+            if page_no >= led.full_pages:
+                led.full_pages = page_no + 1
 
     def _ensure_file(self, led: _Ledger) -> list[str]:
         """Create the ledger's index file with its header; returns directories to fsync."""
