@@ -121,8 +121,6 @@ class LedgerCache:
         self._deltas: dict[tuple[int, int], dict[int, int]] = {}  # entry id -> location
         self._delta_slots = 0  # slots held in all deltas
         self._new_deltas: set[tuple[int, int]] = set()  # keys of deltas of pages beyond the file's end
-        self._new_written: dict[tuple[int, int], Page] = {}  # new pages this flush wrote whole, to cache
-        self._keep_new = 0  # how many of them (the cache's room when the flush started)
         self._header_dirty: set[int] = set()
         self._fds: OrderedDict[int, int] = OrderedDict()
         for d in self._dirs:
@@ -158,7 +156,7 @@ class LedgerCache:
                 self._delta_slots += 1
             delta[entry_id] = location
             if len(delta) > _NEW_PAGE_DELTA_SLOTS_MAX and key in self._new_deltas:
-                self._promote(key)
+                self._merge_delta(key)  # a whole dirty page from now on: zeros and its slots
         led = self._ledgers[ledger_id]
         if entry_id > led.max_put:
             led.max_put = entry_id
@@ -173,14 +171,11 @@ class LedgerCache:
                 self._ranges[key] = [2 * PAGE_ENTRIES, -1]
         else:
             page_no = key[1]
-            if led.on_disk and page_no < self._full_pages(led):
+            in_file = led.on_disk and page_no < self._full_pages(led)
+            if in_file or not led.on_disk or page_no >= self._disk_pages(led):
                 self._deltas[key] = {}  # its slots are counted by put
-                led.hold(page_no)
-                self._evict()
-                return None
-            if not led.on_disk or page_no >= self._disk_pages(led):
-                self._deltas[key] = {}  # a new page (see the module doc, "New pages")
-                self._new_deltas.add(key)
+                if not in_file:
+                    self._new_deltas.add(key)  # a new page (see the module doc, "New pages")
                 led.hold(page_no)
                 self._evict()
                 return None
@@ -189,16 +184,6 @@ class LedgerCache:
         self._dirty[key] = page
         self._evict()
         return page
-
-    def _promote(self, key: tuple[int, int]) -> None:
-        """A new-page delta becomes a whole dirty page (zeros and its slots)."""
-        delta = self._deltas.pop(key)
-        self._new_deltas.discard(key)
-        page = index.new_page()
-        _apply(page, delta)
-        self._delta_slots -= len(delta)
-        self._dirty[key] = page
-        self._evict()
 
     def _merge_delta(self, key: tuple[int, int]) -> Page:
         """The page of a key that has a delta: read from the file, the delta applied; it is
@@ -435,10 +420,10 @@ class LedgerCache:
             pages_of.setdefault(ledger_id, [])
         written = 0
         new_dirs: set[str] = set()
-        self._new_written.clear()  # what a failed flush before this one wrote
         # New pages written whole are kept (cached clean) only while the cache has room for
         # them: a checkpoint after 40,000 new ledgers must not hold 40,000 pages at once.
-        self._keep_new = max(0, self._bytes_max - self.cached_bytes) // PAGE_BYTES
+        kept: dict[tuple[int, int], Page] = {}
+        keep_max = max(0, self._bytes_max - self.cached_bytes) // PAGE_BYTES
         # Files are written a group at a time, then the group's files fsynced, each through
         # the descriptor that wrote it (so a writeback error is reported to us and not to a
         # descriptor opened later; a group is never larger than the descriptor cache, so
@@ -452,7 +437,8 @@ class LedgerCache:
             fds: list[tuple[int, int]] = []
             for ledger_id in group:
                 led = self._ledgers[ledger_id]
-                fd, n = self._write_ledger(led, pages_of[ledger_id], deltas_of.get(ledger_id, ()), new_dirs)
+                fd, n = self._write_ledger(led, pages_of[ledger_id], deltas_of.get(ledger_id, ()), new_dirs,
+                                           kept, keep_max)
                 fds.append((ledger_id, fd))
                 written += n
             for ledger_id, fd in fds:
@@ -460,12 +446,13 @@ class LedgerCache:
                 self._disk.fsync(fd)
         for d in sorted(new_dirs):
             self._disk.fsync_dir(d)
-        self._mark_clean()
+        self._mark_clean(kept)
         return written
 
     def _write_ledger(self, led: _Ledger, page_nos: list[int], delta_page_nos: Sequence[int],
-                      new_dirs: set[str]) -> tuple[int, int]:
-        """Write the ledger's dirty pages, deltas and header (no fsync); returns (fd, bytes written)."""
+                      new_dirs: set[str], kept: dict[tuple[int, int], Page], keep_max: int) -> tuple[int, int]:
+        """Write the ledger's dirty pages, deltas and header (no fsync); returns (fd, bytes
+        written). New pages written whole go to ``kept`` while it holds fewer than ``keep_max``."""
         created = not led.on_disk
         new_dirs.update(self._ensure_file(led))
         fd = self._fd(led)
@@ -485,8 +472,8 @@ class LedgerCache:
                 page = index.new_page()
                 _apply(page, self._deltas[key])
                 index.write_page(self._disk, fd, page_no, page)
-                if len(self._new_written) < self._keep_new:
-                    self._new_written[key] = page  # cached clean once the flush has succeeded
+                if len(kept) < keep_max:
+                    kept[key] = page  # cached clean once the flush has succeeded
                 written += PAGE_BYTES
             else:
                 written += self._write_delta(fd, self._deltas[key])
@@ -507,7 +494,7 @@ class LedgerCache:
                 start = k
         return len(entry_ids) * index.SLOT_BYTES
 
-    def _mark_clean(self) -> None:
+    def _mark_clean(self, kept: dict[tuple[int, int], Page]) -> None:
         for (ledger_id, page_no), page in self._dirty.items():
             self._written_whole(ledger_id, page_no)
             self._clean[(ledger_id, page_no)] = page
@@ -519,10 +506,9 @@ class LedgerCache:
         # ledger's newest entries find them; later puts write ranges).
         for ledger_id, page_no in self._new_deltas:
             self._written_whole(ledger_id, page_no)
-        for key, page in self._new_written.items():
+        for key, page in kept.items():
             del self._deltas[key]  # held by the clean page now: not released below
             self._clean[key] = page
-        self._new_written.clear()
         self._new_deltas.clear()
         # Written deltas are not kept: the cache never held their pages.
         for ledger_id, page_no in self._deltas:
