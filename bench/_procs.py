@@ -102,6 +102,13 @@ def stat_times(path: str) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def spread_cpu(i: int) -> int:
+    """The CPU of the i-th server when servers get one CPU each, round-robin over the CPUs
+    this process may use (zbk's ``actor_cpus=spread``, NATS's ``spread_cpus``)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[i % len(cpus)]
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (all its threads), in seconds."""
     return sum(stat_times(f"/proc/{pid}/stat"))
@@ -271,8 +278,7 @@ class ZbkCluster(_Cluster):
                     "--data-dir", str(self.root / name), "--port", str(port), "--http-port", str(http_port)]
             for k, v in settings.items():
                 if k == "actor_cpus" and v == "spread":
-                    cpus = sorted(os.sched_getaffinity(0))
-                    v = cpus[i % len(cpus)]
+                    v = spread_cpu(i)
                 argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
             if self.profile and i == 0:
                 spy = str(Path(sys.executable).parent / "py-spy")
@@ -410,8 +416,7 @@ class NatsCluster(_Cluster):
                 "}\n")
             argv = [binary, "-c", str(nd.conf)]
             if self.spread_cpus:  # taskset execs the server: the PID stays the server's
-                cpus = sorted(os.sched_getaffinity(0))
-                argv = ["taskset", "-c", str(cpus[i % len(cpus)]), *argv]
+                argv = ["taskset", "-c", str(spread_cpu(i)), *argv]
             nd.proc = start_process(argv, nd.log)
         self._wait_ready(timeout_s)
         return self

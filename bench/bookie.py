@@ -18,18 +18,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from _procs import cpu_seconds, free_port  # noqa: E402
 
 
 def client(bookie: str, idx: int, seconds: float, batch: int, window: int, size: int, ledgers: int,
@@ -85,13 +82,6 @@ def client(bookie: str, idx: int, seconds: float, batch: int, window: int, size:
     q.put((acked, lat))
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def scrape(http_port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
     out = {}
@@ -137,7 +127,7 @@ def main() -> int:
                     raise SystemExit(f"bookie did not start; see {root}/bookie.log") from None
                 time.sleep(0.1)
         before = scrape(http_port)
-        cpu_before = _cpu_seconds(proc.pid)
+        cpu_before = cpu_seconds(proc.pid)
         ctx = mp.get_context("spawn")
         q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
         procs = [ctx.Process(target=client, args=(f"127.0.0.1:{port}", i, args.seconds, args.batch,
@@ -150,7 +140,7 @@ def main() -> int:
         elapsed = time.perf_counter() - t0
         for p in procs:
             p.join(30)
-        cpu_used = _cpu_seconds(proc.pid) - cpu_before
+        cpu_used = cpu_seconds(proc.pid) - cpu_before
         after = scrape(http_port)
     finally:
         if args.profile:  # py-spy writes its profile on SIGINT; the bookie stops cleanly on it too
