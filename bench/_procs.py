@@ -233,14 +233,15 @@ class Bookie:
     def sums(self) -> dict[str, float]:
         """Sums and counts of the bookie's add-latency, fsync and group-commit histograms."""
         text = self.metrics()
-        out: dict[str, float] = {}
-        for name in ("zbk_bookie_add_entry_seconds", "zbk_journal_fsync_seconds", "zbk_journal_group_commit_entries"):
-            for kind in ("sum", "count"):
-                total = 0.0
-                for m in re.finditer(rf"^{name}_{kind}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
-                    total += float(m.group(1))
-                out[f"{name}_{kind}"] = total
-        return out
+        return {f"{name}_{kind}": metric_total(text, f"{name}_{kind}")
+                for name in ("zbk_bookie_add_entry_seconds", "zbk_journal_fsync_seconds",
+                             "zbk_journal_group_commit_entries")
+                for kind in ("sum", "count")}
+
+
+def metric_total(text: str, name: str) -> float:
+    """The sum of a metric's samples over all its label sets in Prometheus text (0 if absent)."""
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
 
 
 @dataclass

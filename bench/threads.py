@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import Bookie, ZbkCluster, install_signal_handlers, stat_times, stop_process  # noqa: E402
+from _procs import Bookie, ZbkCluster, install_signal_handlers, metric_total, stat_times, stop_process  # noqa: E402
 
 
 def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
@@ -101,8 +101,7 @@ def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_
 
 
 def _entries_added(bookie: Bookie) -> float:
-    m = re.search(r"^zbk_bookie_entries_added_total ([0-9.e+]+)$", bookie.metrics(), re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric_total(bookie.metrics(), "zbk_bookie_entries_added_total")
 
 
 def trace_syscalls(bookie: Bookie, seconds: float) -> dict[str, dict[str, float]]:
