@@ -246,3 +246,76 @@ def test_bookies_that_get_the_same_adds_share_one_message_others_get_their_own()
             assert await check_persistence(c, h.ledger_id, PW, log) == []
 
     sim.run(scenario())
+
+
+def test_handles_with_one_new_entry_share_one_message_per_write_set_and_advance_once() -> None:
+    """Many handles with one new entry each (the many-ledgers case) make one batch per write
+    set, sent to all of its bookies at once; each handle's _advance runs once per entry (at
+    the answer that brings it to AQ), not once per answer. Mixed with a handle of two
+    entries and a striped ledger, every bookie still gets one message per turn, with each
+    ledger at most once in it, and every entry confirms in order and is readable."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        writer = c.client("writer")
+        full = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(50)]
+        striped = await writer.create_ledger(3, 2, 2, password=PW)
+        t = full[0].ctx.transport
+        calls: list[tuple[list[str], Any]] = []
+
+        def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
+            calls.append((list(bookies), msg))
+            for b, cb in zip(bookies, callbacks, strict=True):
+                t.send(b, msg, timeout_s, cb)
+
+        t.send_all = send_all  # type: ignore[attr-defined]
+        advances: dict[int, int] = {}
+        inner = LedgerHandle._advance
+
+        def counting(self: LedgerHandle, *args: Any, **kw: Any) -> None:
+            advances[self.ledger_id] = advances.get(self.ledger_id, 0) + 1
+            inner(self, *args, **kw)
+
+        LedgerHandle._advance = counting  # type: ignore[method-assign]
+        try:
+            logs = {h.ledger_id: WriteLog() for h in [*full, striped]}
+            orders: dict[int, list[int]] = {h.ledger_id: [] for h in [*full, striped]}
+            for h in full:
+                _append(h, logs[h.ledger_id], orders[h.ledger_id])
+            for log in logs.values():
+                await log.settle()
+            assert len(calls) == 1 and sorted(calls[0][0]) == sorted(c.bookies), calls
+            msg = calls[0][1]
+            assert isinstance(msg, w.MultiAddRequest)
+            assert [p.ledger_id for p in msg.parts] == [h.ledger_id for h in full]
+            assert all(len(p.entries) == 1 for p in msg.parts)
+            assert advances == {h.ledger_id: 1 for h in full}, advances
+
+            calls.clear()
+            for h in full[:10]:
+                _append(h, logs[h.ledger_id], orders[h.ledger_id])
+            for _ in range(2):
+                _append(full[10], logs[full[10].ledger_id], orders[full[10].ledger_id])
+            _append(striped, logs[striped.ledger_id], orders[striped.ledger_id])
+            for log in logs.values():
+                await log.settle()
+            got = sorted(b for bs, _ in calls for b in bs)
+            assert got == sorted(c.bookies), calls  # one message per bookie
+            for bs, m in calls:
+                ids = [p.ledger_id for p in m.parts] if isinstance(m, w.MultiAddRequest) else [m.ledger_id]
+                assert len(ids) == len(set(ids)), ids
+                assert all((striped.ledger_id in ids) == (b in striped.md.write_set(0)) for b in bs), (bs, ids)
+                assert set(ids) - {striped.ledger_id} == {h.ledger_id for h in full[:11]}
+        finally:
+            LedgerHandle._advance = inner  # type: ignore[method-assign]
+        for h in [*full, striped]:
+            log = logs[h.ledger_id]
+            assert not log.failed, (h.ledger_id, log.failed)
+            want = [0, 1, 2] if h is full[10] else [0, 1] if h in full[:10] else [0]
+            assert orders[h.ledger_id] == want, (h.ledger_id, orders[h.ledger_id])
+        for h in [*full[:12], striped]:
+            await h.close()
+            assert await check_persistence(c, h.ledger_id, PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())

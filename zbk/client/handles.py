@@ -444,11 +444,13 @@ class LedgerHandle(ReadHandle):
             mask |= m
         return pairs, mask
 
-    def _collect(self, out: dict[str, _Batch]) -> None:
+    def _collect(self, out: dict[str, _Batch], fresh: dict[int, _Batch]) -> None:
         """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
         entry's bookies of its write set that it has not been sent to, per bookie (a part of
         that bookie's batch). Only new entries are looked at, except after an ensemble change
-        (then all pending ones)."""
+        (then all pending ones). A handle with a single new entry, the common case with many
+        ledgers, puts it in ``fresh`` instead: one batch per write set (its bit mask), for
+        all of that set's bookies at once, rather than a part in each bookie's batch."""
         if self._changing or self.failed is not None:
             return  # the change ends with _schedule_flush(): everything is looked at then
         adds: Any = self._unsent
@@ -464,7 +466,15 @@ class LedgerHandle(ReadHandle):
             if adds is self._unsent:
                 adds.clear()  # reused: a new list per turn would live until the next (GC churn)
             sent = a.sent
-            for b, bit in write_set(a.entry_id)[0]:
+            pairs, mask = write_set(a.entry_id)
+            if not sent:
+                a.sent = mask
+                batch = fresh.get(mask)
+                if batch is None:
+                    batch = fresh[mask] = _Batch()
+                batch.add_one(self, a)
+                return
+            for b, bit in pairs:
                 if not sent & bit:
                     sent |= bit
                     batch = out.get(b)
@@ -729,6 +739,14 @@ class _Batch:
         self.ends.append(len(ents))
         self.nbytes += sum([len(a.blob) for a in adds])
 
+    def extend(self, other: _Batch) -> None:
+        """Append ``other``'s parts (of other handles than this batch's)."""
+        base = len(self.ents)
+        self.ents.extend(other.ents)
+        self.hs.extend(other.hs)
+        self.ends.extend([base + end for end in other.ends])
+        self.nbytes += other.nbytes
+
     def parts(self) -> list[list[_Add]]:
         out, start = [], 0
         ents = self.ents
@@ -760,6 +778,7 @@ class AddDispatcher:
         self._dirty: dict[LedgerHandle, None] = {}  # insertion-ordered set
         self._scheduled = False
         self._bits: dict[str, int] = {}
+        self._bookies: dict[int, list[str]] = {}  # bit mask -> its bookies (cached)
 
     def bit(self, bookie: str) -> int:
         """The bit of ``bookie`` in _Add.acked and _Add.sent (assigned at first use)."""
@@ -767,6 +786,13 @@ class AddDispatcher:
         if b is None:
             b = self._bits[bookie] = 1 << len(self._bits)
         return b
+
+    def bookies_of(self, mask: int) -> list[str]:
+        """The bookies whose bits are in ``mask``."""
+        out = self._bookies.get(mask)
+        if out is None:
+            out = self._bookies[mask] = [b for b, bit in self._bits.items() if mask & bit]
+        return out
 
     def wake(self, handle: LedgerHandle) -> None:
         self._dirty[handle] = None
@@ -778,8 +804,22 @@ class AddDispatcher:
         self._scheduled = False
         dirty, self._dirty = self._dirty, {}
         by_bookie: dict[str, _Batch] = {}
+        fresh: dict[int, _Batch] = {}
         for h in dirty:
-            h._collect(by_bookie)
+            h._collect(by_bookie, fresh)
+        n_max = self.ctx.config.add_request_entries_max
+        if len(fresh) == 1 and not by_bookie:  # one entry per handle, one write set (WQ == E)
+            ((mask, batch),) = fresh.items()
+            bookies = self.bookies_of(mask)
+            for msg in _pack(batch, n_max):
+                self._send(bookies, msg)
+            return
+        for mask, batch in fresh.items():  # into each of the set's bookies' batches
+            for bookie in self.bookies_of(mask):
+                mine = by_bookie.get(bookie)
+                if mine is None:
+                    mine = by_bookie[bookie] = _Batch()
+                mine.extend(batch)
         # Bookies that get the very same adds (every bookie of the write sets when WQ == E,
         # the common case) share their messages: built and encoded once, sent to each.
         same: list[tuple[_Batch, list[str]]] = []
@@ -791,7 +831,6 @@ class AddDispatcher:
                     break
             else:
                 same.append((batch, [bookie]))
-        n_max = self.ctx.config.add_request_entries_max
         for batch, bookies in same:
             for msg in _pack(batch, n_max):
                 self._send(bookies, msg)
@@ -836,18 +875,27 @@ class AddDispatcher:
         now = time.monotonic()
         lat: list[float] = []
         if isinstance(resp, w.MultiAddResponse) and len(hs) > 1 and len(resp.statuses) == len(hs):
-            # Per part: its status. EOK, by far the most common, inline (no call per part
-            # beyond the handle's _advance); anything else through _add_answered.
+            # Per part: its status. EOK, by far the most common, inline, and the handle's
+            # _advance called only when an entry reached AQ acks with this one: otherwise
+            # its first pending entry still has fewer (it never keeps AQ acks past an
+            # _advance), and nothing could be confirmed. With one entry per part that is
+            # one call per entry, at the second of three answers, instead of three.
+            # Anything else goes through _add_answered.
             bit = self.bit(bookie)
             ents, start = batch.ents, 0
             eok = Status.EOK
             for h, end, status in zip(hs, batch.ends, resp.statuses, strict=True):
                 if status == eok:
+                    reached = False
                     for i in range(start, end):
                         a = ents[i]
-                        if a.sent & bit:  # not re-routed away from this bookie meanwhile
-                            a.acked |= bit
-                    h._advance(now, lat)
+                        was = a.acked
+                        if a.sent & bit and not was & bit:  # not re-routed away from this bookie meanwhile
+                            a.acked = was | bit
+                            if was.bit_count() + 1 == h.md.ack_quorum:
+                                reached = True
+                    if reached:
+                        h._advance(now, lat)
                 else:
                     h._add_answered(bookie, ents[start:end], status, now, lat)
                 start = end
