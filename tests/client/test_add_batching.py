@@ -83,6 +83,31 @@ def test_pack_splits_at_parts_entries_and_bytes_keeping_each_part_in_order() -> 
     assert _flatten(msgs) == expected
 
 
+def test_pack_of_one_entry_parts_cuts_full_messages_in_order() -> None:
+    """A batch whose parts all have one entry (many ledgers) is cut by slicing, as the
+    general split cuts it: in order, each message within the entry, part and byte limits
+    and as full as the next entry allows (an entry over the byte limit goes alone)."""
+    import random
+
+    rng = random.Random(7)
+    bytes_max = limits.frame_bytes_max_default // 2
+    for n_max in (500, limits.entries_per_add_request_max):
+        batch = _Batch()
+        for i in range(2500):
+            size = bytes_max // 2 + 1 if i % 397 == 0 else rng.randrange(1, 4000)
+            batch.add_one(object(), _Add(0, bytes(size), size, None, 0.0))  # type: ignore[arg-type]
+        fast = _pack(batch, n_max)
+        assert _flatten(fast) == [(h, [0]) for h in batch.hs]
+        cap = min(n_max, limits.ledgers_per_multi_add_max)
+        for m, nxt in zip(fast, [*fast[1:], None], strict=True):
+            assert m.ends == list(range(1, len(m.ents) + 1)) and len(m.hs) == len(m.ents)
+            assert 1 <= len(m.ents) <= cap
+            assert m.nbytes == sum(len(a.blob) for a in m.ents)
+            assert m.nbytes <= bytes_max or len(m.ents) == 1
+            if nxt is not None:  # full: the next entry did not fit
+                assert len(m.ents) == cap or m.nbytes + len(nxt.ents[0].blob) > bytes_max
+
+
 def test_pack_caps_requests_at_the_clients_entry_limit_in_entry_order() -> None:
     batch = _Batch()
     one, two = object(), object()
@@ -317,5 +342,35 @@ def test_handles_with_one_new_entry_share_one_message_per_write_set_and_advance_
         for h in [*full[:12], striped]:
             await h.close()
             assert await check_persistence(c, h.ledger_id, PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())
+
+
+def test_close_waits_for_the_adds_in_flight_and_nothing_waits_without_it() -> None:
+    """close() right after appends waits until every pending add is confirmed, then closes
+    at the last; a handle nobody waits on keeps no drain event (none is set and cleared
+    per entry)."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        writer = c.client("writer")
+        h = await writer.create_ledger(3, 3, 2, password=PW)
+        log = WriteLog()
+        for i in range(20):
+            log.append(h, f"{i}".encode())
+        assert h.pending and h._drain_event is None
+        await h.close()
+        assert not h.pending and h._drain_event is None
+        assert all(f.done() and f.result() == i for i, f in enumerate(log.futures))
+        assert h.md.is_closed and h.md.last_entry_id == 19 and h.last_add_confirmed == 19
+        assert await check_persistence(c, h.ledger_id, PW, log) == []
+        h2 = await writer.create_ledger(3, 3, 2, password=PW)
+        log2 = WriteLog()
+        for _ in range(5):
+            log2.append(h2, b"x")
+        await log2.settle()
+        assert not h2.pending and h2._drain_event is None
+        await h2.wait_drained()  # nothing pending: at once
 
     sim.run(scenario())

@@ -201,7 +201,7 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[
         handle._push(eid, blob, 0).add_done_callback(_retrieved)
         last, length = eid, entry_length
         eid += 1
-    await handle._drained.wait()
+    await handle.wait_drained()
     if handle.failed is not None and (handle.lac < last or not isinstance(handle.failed, NotEnoughBookiesError)):
         # A written-back entry short of AQ, or a fence / password failure: no close. (Every
         # entry reaching AQ while the replacement of a dead bookie found no spare is fine:
