@@ -229,6 +229,19 @@ def test_a_bookie_dying_with_a_batch_of_many_ledgers_in_flight() -> None:
     sim.run(scenario())
 
 
+def _record_sends(t: Any) -> list[tuple[list[str], Any]]:
+    """Make transport ``t`` record (bookies, message) of every send_all, then send it."""
+    calls: list[tuple[list[str], Any]] = []
+
+    def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
+        calls.append((list(bookies), msg))
+        for b, cb in zip(bookies, callbacks, strict=True):
+            t.send(b, msg, timeout_s, cb)
+
+    t.send_all = send_all
+    return calls
+
+
 def test_bookies_that_get_the_same_adds_share_one_message_others_get_their_own() -> None:
     seed = sim.seed_from_env()
 
@@ -237,15 +250,7 @@ def test_bookies_that_get_the_same_adds_share_one_message_others_get_their_own()
         writer = c.client("writer")
         full = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(4)]  # WQ == E
         striped = await writer.create_ledger(3, 2, 2, password=PW)  # each bookie its own stripes
-        t = full[0].ctx.transport
-        calls: list[tuple[list[str], Any]] = []
-
-        def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
-            calls.append((list(bookies), msg))
-            for b, cb in zip(bookies, callbacks, strict=True):
-                t.send(b, msg, timeout_s, cb)
-
-        t.send_all = send_all  # type: ignore[attr-defined]
+        calls = _record_sends(full[0].ctx.transport)
         logs = [WriteLog() for _ in full]
         for _ in range(2):
             for h, log in zip(full, logs, strict=True):
@@ -286,15 +291,7 @@ def test_handles_with_one_new_entry_share_one_message_per_write_set_and_advance_
         writer = c.client("writer")
         full = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(50)]
         striped = await writer.create_ledger(3, 2, 2, password=PW)
-        t = full[0].ctx.transport
-        calls: list[tuple[list[str], Any]] = []
-
-        def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
-            calls.append((list(bookies), msg))
-            for b, cb in zip(bookies, callbacks, strict=True):
-                t.send(b, msg, timeout_s, cb)
-
-        t.send_all = send_all  # type: ignore[attr-defined]
+        calls = _record_sends(full[0].ctx.transport)
         advances: dict[int, int] = {}
         inner = LedgerHandle._advance
 
