@@ -822,30 +822,28 @@ class AddDispatcher:
         fresh: dict[int, _Batch] = {}
         for h in dirty:
             h._collect(by_bookie, fresh)
-        n_max = self.ctx.config.add_request_entries_max
+        same: list[tuple[_Batch, list[str]]] = []
         if len(fresh) == 1 and not by_bookie:  # one entry per handle, one write set (WQ == E)
             ((mask, batch),) = fresh.items()
-            bookies = self.bookies_of(mask)
-            for msg in _pack(batch, n_max):
-                self._send(bookies, msg)
-            return
-        for mask, batch in fresh.items():  # into each of the set's bookies' batches
-            for bookie in self.bookies_of(mask):
-                mine = by_bookie.get(bookie)
-                if mine is None:
-                    mine = by_bookie[bookie] = _Batch()
-                mine.extend(batch)
-        # Bookies that get the very same adds (every bookie of the write sets when WQ == E,
-        # the common case) share their messages: built and encoded once, sent to each.
-        same: list[tuple[_Batch, list[str]]] = []
-        for bookie, batch in by_bookie.items():
-            for other, bookies in same[-4:]:
-                if (len(other.ents) == len(batch.ents) and other.ents == batch.ents and other.ends == batch.ends
-                        and other.hs == batch.hs):
-                    bookies.append(bookie)
-                    break
-            else:
-                same.append((batch, [bookie]))
+            same.append((batch, self.bookies_of(mask)))
+        else:
+            for mask, batch in fresh.items():  # into each of the set's bookies' batches
+                for bookie in self.bookies_of(mask):
+                    mine = by_bookie.get(bookie)
+                    if mine is None:
+                        mine = by_bookie[bookie] = _Batch()
+                    mine.extend(batch)
+            # Bookies that get the very same adds (every bookie of the write sets when WQ ==
+            # E, the common case) share their messages: built and encoded once, sent to each.
+            for bookie, batch in by_bookie.items():
+                for other, bookies in same[-4:]:
+                    if (len(other.ents) == len(batch.ents) and other.ents == batch.ents and other.ends == batch.ends
+                            and other.hs == batch.hs):
+                        bookies.append(bookie)
+                        break
+                else:
+                    same.append((batch, [bookie]))
+        n_max = self.ctx.config.add_request_entries_max
         for batch, bookies in same:
             for msg in _pack(batch, n_max):
                 self._send(bookies, msg)
@@ -967,38 +965,32 @@ def _pack(batch: _Batch, n_max: int = limits.entries_per_add_request_max) -> lis
 
 
 def _pack_ones(batch: _Batch, n_max: int, bytes_max: int) -> list[_Batch]:
-    """_pack of a batch whose parts have one entry each (many ledgers): cut into slices, no
-    list per part."""
+    """_pack of a batch whose parts have one entry each (many ledgers): its entries cut by
+    add_batches, each chunk with its handles' slice, no list per part."""
     out: list[_Batch] = []
-    hs, ents = batch.hs, batch.ents
-    start, nbytes = 0, 0
-    for i, a in enumerate(ents):
-        n = len(a.blob)
-        if i > start and (i - start >= n_max or nbytes + n > bytes_max):
-            out.append(_slice_ones(hs, ents, start, i, nbytes))
-            start, nbytes = i, 0
-        nbytes += n
-    out.append(_slice_ones(hs, ents, start, len(ents), nbytes))
+    start = 0
+    for chunk in add_batches(batch.ents, _blob_size, bytes_max, n_max):
+        end = start + len(chunk)
+        b = _Batch()
+        b.hs, b.ents, b.ends = batch.hs[start:end], chunk, list(range(1, len(chunk) + 1))
+        b.nbytes = sum([len(a.blob) for a in chunk])
+        out.append(b)
+        start = end
     return out
-
-
-def _slice_ones(hs: list[LedgerHandle], ents: list[_Add], start: int, end: int, nbytes: int) -> _Batch:
-    b = _Batch()
-    b.hs, b.ents, b.ends, b.nbytes = hs[start:end], ents[start:end], list(range(1, end - start + 1)), nbytes
-    return b
 
 
 def add_batches(items: list[T], size: Callable[[T], int], bytes_max: int,
                 n_max: int = limits.entries_per_add_request_max) -> list[list[T]]:
     """Split ``items`` into ADD_ENTRY requests of at most ``n_max`` entries and about
     ``bytes_max`` bytes (an entry larger than that goes alone)."""
-    out: list[list[T]] = [[]]
-    total = 0
-    for item in items:
+    out: list[list[T]] = []
+    start = total = 0
+    for i, item in enumerate(items):
         n = size(item)
-        if out[-1] and (len(out[-1]) >= n_max or total + n > bytes_max):
-            out.append([])
-            total = 0
-        out[-1].append(item)
+        if i > start and (i - start >= n_max or total + n > bytes_max):
+            out.append(items[start:i])
+            start, total = i, 0
         total += n
-    return [c for c in out if c]
+    if start < len(items):
+        out.append(items[start:])
+    return out
