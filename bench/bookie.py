@@ -15,7 +15,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import cpu_seconds, free_port  # noqa: E402
+from _procs import cpu_seconds, free_port, metric_total  # noqa: E402
 
 
 def client(bookie: str, idx: int, seconds: float, batch: int, window: int, size: int, ledgers: int,
@@ -84,12 +83,9 @@ def client(bookie: str, idx: int, seconds: float, batch: int, window: int, size:
 
 def scrape(http_port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
-    out = {}
-    for name in ("zbk_journal_group_commit_entries_sum", "zbk_journal_group_commit_entries_count",
-                 "zbk_bookie_entries_added_total"):
-        m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-        out[name] = float(m.group(1)) if m else 0.0
-    return out
+    return {name: metric_total(text, name) for name in ("zbk_journal_group_commit_entries_sum",
+                                                        "zbk_journal_group_commit_entries_count",
+                                                        "zbk_bookie_entries_added_total")}
 
 
 def main() -> int:
