@@ -67,6 +67,10 @@ class BookieConfig:
     # Zeros kept written ahead of the journal's records, so that a small commit's fsync does
     # not also commit the file's growth (zbk/storage/journal.py, "Preallocation"); 0: off.
     journal_pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // (1024 * 1024)
+    # Make new journal segments from retired ones instead of new files, so their pages are
+    # already in the page cache (zbk/storage/journal.py, "Recycling"); BookKeeper's
+    # journalReuseFiles.
+    journal_reuse_files: bool = True
     entry_log_size_limit_mb: int = limits.entry_log_bytes_default // (1024 * 1024)
     entry_log_write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
     # Start writing each this many bytes of an entry log to disk (asynchronously), so that a

@@ -39,8 +39,18 @@ entry_id_max = 2**32 - 1
 
 # --- journal ----------------------------------------------------------------------------
 journal_record_bytes_max = entry_bytes_max + 4096
-journal_segment_bytes_default = 512 * 1024 * 1024
+journal_segment_bytes_default = 128 * 1024 * 1024
 journal_preallocate_bytes_default = 1024 * 1024  # zeros kept ahead of the records (journal.py)
+# Retired segments kept for reuse (journal.py, "Recycling"): this many bytes' worth, at least
+# 2 and at most 16 files.
+journal_reuse_bytes = 1024 * 1024 * 1024
+journal_reuse_files_min, journal_reuse_files_max = 2, 16
+
+
+def journal_reuse_files(segment_bytes_max: int) -> int:
+    """How many retired journal segments a bookie keeps for reuse."""
+    return max(journal_reuse_files_min, min(journal_reuse_files_max, journal_reuse_bytes // segment_bytes_max))
+
 journal_group_wait_ms_default = 2
 journal_group_bytes_default = 512 * 1024
 

@@ -6,19 +6,21 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from zbk.storage.journal import HEADER_BYTES
+from zbk.storage.journal import HEADER_BYTES, segment_seed
 
 
 def records_end(seg: Path) -> int:
-    """Where the segment's last valid record ends: its preallocated zeros, if any, follow
-    (zbk/storage/journal.py, "Preallocation")."""
+    """Where the segment's last valid record ends: its preallocated zeros (or, in a recycled
+    segment, old records) follow (zbk/storage/journal.py, "Preallocation", "Recycling")."""
     data = seg.read_bytes()
+    version = int.from_bytes(data[8:12], "little")
+    seed = segment_seed(int.from_bytes(data[12:20], "little"), version)
     end = HEADER_BYTES
     while end + 8 <= len(data):  # walk the records: length, crc32c, then the body
         length = int.from_bytes(data[end:end + 4], "little")
         if length == 0 or end + 8 + length > len(data):
             break
-        if crc32c(data[end + 8:end + 8 + length]) != int.from_bytes(data[end + 4:end + 8], "little"):
+        if crc32c(data[end + 8:end + 8 + length], seed) != int.from_bytes(data[end + 4:end + 8], "little"):
             break
         end += 8 + length
     return end

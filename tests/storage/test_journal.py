@@ -26,6 +26,7 @@ from zbk.storage.journal import (
     list_segments,
     replay,
     segment_name,
+    segment_seed,
 )
 
 from .helpers import cut, flip_byte
@@ -268,7 +269,7 @@ def test_record_of_unknown_type_is_corruption(tmp_path):
     w.append(RecordType.FENCE, 1)
     w.sync()
     body = struct.pack("<BQq", 99, 1, -1)
-    w._buf += struct.pack("<II", len(body), crc32c(body)) + body
+    w._buf += struct.pack("<II", len(body), crc32c(body, segment_seed(w.segment_id))) + body
     w.sync()
     w.close()
     with pytest.raises(CorruptDataError, match="unknown type 99"):

@@ -36,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from zbk import limits
 from zbk.actors.base import ActorLoop, drop_handoff, handoff_for, pipe_address, send_message
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings, GcStateFile
@@ -212,8 +213,11 @@ class Bookie:
                 self.cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
             elif t == RecordType.EXPLICIT_LAC:
                 self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
-        self.journal = JournalWriter(self.journal_dir, self.cfg.journal_max_size_mb * 1024 * 1024,
-                                     preallocate_bytes=self.cfg.journal_pre_alloc_size_mb * 1024 * 1024)
+        segment_bytes = self.cfg.journal_max_size_mb * 1024 * 1024
+        self.journal = JournalWriter(
+            self.journal_dir, segment_bytes,
+            preallocate_bytes=self.cfg.journal_pre_alloc_size_mb * 1024 * 1024,
+            reuse_files=limits.journal_reuse_files(segment_bytes) if self.cfg.journal_reuse_files else 0)
         # Checkpoint what replay rebuilt, so the replayed segments can go.
         self.logs.flush()
         self.cache.flush()

@@ -1,21 +1,23 @@
-"""The journal: the bookie's write-ahead log (format version 1).
+"""The journal: the bookie's write-ahead log (format version 2; version 1 is still read).
 
 Files
     ``<journal dir>/<segment id as 16 hex digits>.jnl``. Segment ids start at 1 and grow by
     one; a :class:`JournalWriter` always opens a NEW segment (max existing id + 1), so a
-    segment that replay truncated is never appended to again.
+    segment that replay truncated is never appended to again. Retired segments kept for
+    reuse are named ``<segment id>.jnl.free`` (see "Recycling"); they are not part of the log.
 
 Segment header (24 bytes, written and fsynced, with the directory, before any record)::
 
     0   8s   magic  b"ZBKJRNL\\0"
-    8   u32  format version (1)
+    8   u32  format version (2; segments written by older bookies say 1)
     12  u64  segment id (must match the file name)
     20  u32  crc32c of bytes [0, 20)
 
 Record (all integers little-endian)::
 
     0   u32  length: bytes after the crc (type + ledger id + entry id + payload), >= 17
-    4   u32  crc32c of those ``length`` bytes
+    4   u32  crc32c of those ``length`` bytes, started from the segment's seed (version 2:
+             :func:`segment_seed`; version 1: 0, the plain crc32c)
     8   u8   record type (:class:`RecordType`)
     9   u64  ledger id
     17  i64  entry id (-1 when the type has none; LIMBO: 1 set / 0 clear; EXPLICIT_LAC: the LAC)
@@ -67,10 +69,34 @@ Preallocation
     sealed (rotation, clean close), so sealed segments end exactly at their last batch.
 
 Rotation
-    When a segment has reached ``segment_bytes_max``, the next :meth:`JournalWriter.sync`
-    first fsyncs it (if the last sync skipped fsync), then creates the next segment. Old
-    segments are removed by :meth:`JournalWriter.delete_segments_before` once a
+    When a :meth:`JournalWriter.sync` leaves a segment at ``segment_bytes_max`` or more, it
+    then fsyncs the segment (if this sync skipped fsync), cuts it back to its last batch,
+    and creates the next segment. Old
+    segments are retired by :meth:`JournalWriter.delete_segments_before` once a
     checkpoint has made everything before a mark durable elsewhere.
+
+Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
+    A retired segment is renamed to ``<id>.jnl.free`` instead of removed, up to
+    ``reuse_files`` of them (the newest are kept), and the next segment is made from such a
+    file rather than a new one: its new header is written over the old one and fsynced
+    *before* the file is renamed to the new segment's name (and the directory fsynced), so
+    a segment name never holds a header of another segment. The file keeps its old size
+    and contents; records overwrite the old ones in place. The point is the page cache: a
+    new file's pages are memory the kernel must allocate (and, on a VM whose balloon
+    reports free pages, the host must fault in again), while a recycled file's pages are
+    still cached; in a bookie at 45,000 entries/s, filling new journal pages was a tenth of
+    the machine's CPU (``perf``, 2026-11-24; docs/performance.md).
+
+    The old records after the new ones must never replay as part of the new segment. They
+    cannot: every record's crc32c starts from a seed derived from its segment's id, so a
+    record left over from segment M fails the CRC check in segment N != M (the seeds of two
+    ids below 2**32 differ, and CRC-32C tells apart any two messages that differ in 32
+    adjacent bits; a chance CRC match of a misaligned read is 2**-32, as for any torn
+    write). To replay, the first stale record is a bad record at the end of the written
+    data: the torn-tail rule applies unchanged (the BATCH records of the old contents name
+    another segment and fail the CRC, so they never count as later durable batches), and
+    replay truncates the segment there. A recycled segment that is sealed (rotation, clean
+    close) is cut back to its last batch like any other.
 
 Failure
     Any ``OSError`` while writing or syncing poisons the writer: the file may now end in a
@@ -96,7 +122,9 @@ from zbk.storage.disk import REAL_DISK, Disk
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written; version 1 segments (unseeded CRCs) are read as well
+READABLE_VERSIONS = frozenset({1, 2})
+FREE_SUFFIX = ".free"  # <segment name>.free: a retired segment kept for reuse
 SEGMENT_MAGIC = b"ZBKJRNL\x00"
 SEGMENT_SUFFIX = ".jnl"
 BATCH_MAGIC = b"ZBKBATCH"
@@ -171,21 +199,46 @@ def _zeros(n: int) -> bytes | memoryview:
     return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
 
 
+def segment_seed(segment_id: int, version: int = FORMAT_VERSION) -> int:
+    """The value every record CRC of a segment starts from (see "Recycling"): 0 in version 1
+    segments, a function of the segment id in version 2 (never 0)."""
+    if version == 1:
+        return 0
+    return crc32c(struct.pack("<8sQ", b"ZBKJSEED", segment_id)) or 1
+
+
 def _encode_header(segment_id: int) -> bytes:
     head = _SEG_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, segment_id)
     return head + _CRC.pack(crc32c(head))
 
 
-def _header_ok(data: bytes | mmap.mmap, segment_id: int) -> bool:
+def _header_version(data: bytes | mmap.mmap, segment_id: int) -> int | None:
+    """The format version of a valid header of segment ``segment_id``, else None."""
     magic, version, sid = _SEG_HEADER.unpack_from(data, 0)
     (crc,) = _CRC.unpack_from(data, _SEG_HEADER.size)
-    return (magic == SEGMENT_MAGIC and crc == crc32c(data[: _SEG_HEADER.size])
-            and version == FORMAT_VERSION and sid == segment_id)
+    if (magic == SEGMENT_MAGIC and crc == crc32c(data[: _SEG_HEADER.size])
+            and version in READABLE_VERSIONS and sid == segment_id):
+        return int(version)
+    return None
 
 
-def _batch_record(segment_id: int, synced_upto: int) -> bytes:
+def _batch_record(segment_id: int, synced_upto: int, seed: int) -> bytes:
     body = _BODY.pack(RecordType.BATCH, segment_id, synced_upto) + BATCH_MAGIC
-    return _PREFIX.pack(len(body), crc32c(body)) + body
+    return _PREFIX.pack(len(body), crc32c(body, seed)) + body
+
+
+def list_free(directory: str) -> list[int]:
+    """Ids of the retired segments kept for reuse in ``directory`` (``<id>.jnl.free``), ascending."""
+    ids = []
+    for name in os.listdir(directory):
+        if name.endswith(SEGMENT_SUFFIX + FREE_SUFFIX):
+            stem = name[: -len(SEGMENT_SUFFIX + FREE_SUFFIX)]
+            if len(stem) == 16:
+                try:
+                    ids.append(int(stem, 16))
+                except ValueError:
+                    continue
+    return sorted(ids)
 
 
 class JournalWriter:
@@ -197,18 +250,25 @@ class JournalWriter:
 
     def __init__(self, directory: str, segment_bytes_max: int = limits.journal_segment_bytes_default,
                  disk: Disk = REAL_DISK, *,
-                 preallocate_bytes: int = limits.journal_preallocate_bytes_default) -> None:
+                 preallocate_bytes: int = limits.journal_preallocate_bytes_default,
+                 reuse_files: int = 0) -> None:
         assert segment_bytes_max > HEADER_BYTES, "segment_bytes_max too small"
         assert preallocate_bytes >= 0, "preallocate_bytes must be >= 0"
+        assert reuse_files >= 0, "reuse_files must be >= 0"
         self._dir = directory
         self._segment_bytes_max = segment_bytes_max
         self._disk = disk
         self._prealloc = min(preallocate_bytes, segment_bytes_max)
-        self._alloc_end = 0  # the current segment's file size (zeros beyond _offset)
+        self._reuse_files = reuse_files
+        self._alloc_end = 0  # the current segment's file size (zeros or old records beyond _offset)
         self._failed: BaseException | None = None
         os.makedirs(directory, exist_ok=True)
         existing = list_segments(directory)
         self._segment_id = existing[-1] + 1 if existing else 1
+        self._seed = segment_seed(self._segment_id)
+        self._free = list_free(directory)
+        if self._trim_free():
+            self._disk.fsync_dir(directory)
         self._fd = -1
         self._offset = 0  # bytes written to the current segment
         self._synced = 0  # bytes of the current segment known to be fsynced
@@ -222,9 +282,9 @@ class JournalWriter:
         """Encode one record into the buffer; returns the bytes now waiting for :meth:`sync`."""
         assert len(payload) <= limits.journal_record_bytes_max, "journal record too large"
         body = _pack_body(rec_type, ledger_id, entry_id)
-        buf = self._buf
+        buf, seed = self._buf, self._seed
         # Two appends, not three: each bytearray append costs about as much as the crc.
-        buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body))) + body
+        buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body, seed))) + body
         buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
@@ -235,12 +295,12 @@ class JournalWriter:
         if len(entry_ids) != len(blobs):
             raise ValueError("journal: entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
-        buf = self._buf
+        buf, seed = self._buf, self._seed
         for eid, payload in zip(entry_ids, blobs, strict=True):
             n = len(payload)
             assert n <= limit, "journal record too large"
             body = _pack_body(_ADD, ledger_id, eid)
-            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body))) + body
+            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body, seed))) + body
             buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
@@ -251,12 +311,12 @@ class JournalWriter:
         if not len(ledger_ids) == len(entry_ids) == len(blobs):
             raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
-        buf = self._buf
+        buf, seed = self._buf, self._seed
         for lid, eid, payload in zip(ledger_ids, entry_ids, blobs, strict=True):
             n = len(payload)
             assert n <= limit, "journal record too large"
             body = _pack_body(_ADD, lid, eid)
-            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body))) + body
+            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body, seed))) + body
             buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
@@ -285,26 +345,32 @@ class JournalWriter:
         Returns the mark after the last record written. With ``fsync=False`` the records are
         handed to the page cache only (``journal_sync_data = false``): they survive a
         process crash but not a power loss.
+
+        A sync that leaves the segment at ``segment_bytes_max`` or more then rotates (see
+        "Rotation"), so that records appended later are encoded for the segment they will be
+        written to: their CRCs start from its seed.
         """
         self._check_usable()
         try:
-            if self._offset >= self._segment_bytes_max:
-                self._rotate()
             if self.pending_bytes:
                 self._write_batch()
             if fsync and self._synced < self._offset:
                 self._disk.fsync(self._fd)
                 self._synced = self._offset
+            mark = self.mark
+            if self._offset >= self._segment_bytes_max:
+                self._rotate()
         except OSError as e:
             self._failed = e
             raise
-        return self.mark
+        return mark
 
     def _write_batch(self) -> None:
         buf = self._buf
-        buf[:BATCH_RECORD_BYTES] = _batch_record(self._segment_id, self._synced)
+        buf[:BATCH_RECORD_BYTES] = _batch_record(self._segment_id, self._synced, self._seed)
         self._buf = bytearray(BATCH_RECORD_BYTES)
-        self._disk.write(self._fd, buf)
+        # At the offset, not the file position: a recycled file was opened at 0.
+        self._disk.pwrite(self._fd, buf, self._offset)
         self._offset += len(buf)
         if self._offset > self._alloc_end:
             self._alloc_end = self._offset
@@ -338,7 +404,11 @@ class JournalWriter:
     # --- segments ----------------------------------------------------------------------
 
     def _open_segment(self) -> None:
+        self._seed = segment_seed(self._segment_id)
         path = os.path.join(self._dir, segment_name(self._segment_id))
+        if self._free:
+            self._open_recycled(path)
+            return
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             self._disk.write(fd, _encode_header(self._segment_id))
@@ -352,6 +422,39 @@ class JournalWriter:
         self._fd = fd
         self._offset = self._synced = HEADER_BYTES
         self._alloc_end = max(HEADER_BYTES, self._prealloc)
+
+    def _open_recycled(self, path: str) -> None:
+        """Make the next segment from the newest free file (see "Recycling"): new header,
+        fsync, and only then the rename to the segment's name."""
+        free = os.path.join(self._dir, segment_name(self._free.pop()) + FREE_SUFFIX)
+        fd = os.open(free, os.O_WRONLY)
+        try:
+            size = os.fstat(fd).st_size
+            # Cached pages are overwritten in place; pages the kernel dropped are read back
+            # ahead of the writes instead of one by one inside them.
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            self._disk.pwrite(fd, _encode_header(self._segment_id), 0)
+            self._disk.fsync(fd)
+            os.rename(free, path)
+            self._disk.fsync_dir(self._dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._offset = self._synced = HEADER_BYTES
+        self._alloc_end = max(HEADER_BYTES, size)
+
+    def _trim_free(self) -> bool:
+        """Remove the free files beyond ``reuse_files`` (the oldest ones; the caller fsyncs
+        the directory); True if it removed any."""
+        excess = len(self._free) - self._reuse_files
+        if excess <= 0:
+            return False
+        for fid in self._free[:excess]:
+            os.unlink(os.path.join(self._dir, segment_name(fid) + FREE_SUFFIX))
+        del self._free[:excess]
+        return True
 
     def _rotate(self) -> None:
         # A segment is complete and durable before the next one exists: replay relies on
@@ -369,16 +472,26 @@ class JournalWriter:
         return list_segments(self._dir)
 
     def delete_segments_before(self, mark: LogMark) -> list[int]:
-        """Remove segments wholly before ``mark`` (never the current one); returns their ids.
+        """Retire segments wholly before ``mark`` (never the current one); returns their ids.
+        The newest ``reuse_files`` of them (with the free files already kept) are renamed to
+        free files for the next segments to reuse; the others are removed.
 
         Call only after a checkpoint made everything before ``mark`` durable in the entry
         logs and the index, and persisted ``mark`` as the last mark.
         """
         doomed = [s for s in list_segments(self._dir) if s < mark.segment_id and s != self._segment_id]
+        if not doomed:
+            return doomed
+        keep = doomed[-self._reuse_files:] if self._reuse_files else []
         for sid in doomed:
-            os.unlink(os.path.join(self._dir, segment_name(sid)))
-        if doomed:
-            self._disk.fsync_dir(self._dir)
+            path = os.path.join(self._dir, segment_name(sid))
+            if sid in keep:
+                os.rename(path, path + FREE_SUFFIX)
+            else:
+                os.unlink(path)
+        self._free = sorted(self._free + keep)
+        self._trim_free()
+        self._disk.fsync_dir(self._dir)
         return doomed
 
     def close(self) -> None:
@@ -444,8 +557,10 @@ def _replay_segment(path: str, sid: int, start: int, last: bool,
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        if not _segment_header_usable(fd, path, sid, size, last, disk):
+        version = _segment_header_usable(fd, path, sid, size, last, disk)
+        if version is None:
             return
+        seed = segment_seed(sid, version)
         start = max(start, HEADER_BYTES)
         if start > size:
             log.warning("journal %s: last mark offset %d is past the end (%d bytes); nothing to replay",
@@ -453,36 +568,40 @@ def _replay_segment(path: str, sid: int, start: int, last: bool,
             return
         zeros = False
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            bad = yield from _records(mm, path, sid, start, size)
+            bad = yield from _records(mm, path, sid, seed, start, size)
             if bad >= 0:
-                _check_torn_tail(mm, path, sid, bad, last)
+                _check_torn_tail(mm, path, sid, seed, bad, last)
                 zeros = _all_zero(mm, bad)
         if bad >= 0:
             if zeros:
                 log.info("journal %s: %d bytes of unused preallocation after offset %d; truncating",
                          path, size - bad, bad)
             else:
-                log.warning("journal %s: torn tail at offset %d (%d bytes); truncating", path, bad, size - bad)
+                log.warning("journal %s: torn tail: the records end at offset %d; the %d bytes after it are "
+                            "a torn final write or a recycled segment's old records; truncating",
+                            path, bad, size - bad)
             disk.truncate(fd, bad)
             disk.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _segment_header_usable(fd: int, path: str, sid: int, size: int, last: bool, disk: Disk) -> bool:
-    """True when the header is valid; removes a last segment whose creation was torn."""
+def _segment_header_usable(fd: int, path: str, sid: int, size: int, last: bool, disk: Disk) -> int | None:
+    """The format version when the header is valid; None after removing a last segment
+    whose creation was torn."""
     head = os.pread(fd, HEADER_BYTES, 0)
-    if len(head) == HEADER_BYTES and _header_ok(head, sid):
-        return True
+    version = _header_version(head, sid) if len(head) == HEADER_BYTES else None
+    if version is not None:
+        return version
     if last and size <= HEADER_BYTES:
         log.warning("journal %s: segment creation was interrupted (%d bytes); removing it", path, size)
         os.unlink(path)
         disk.fsync_dir(os.path.dirname(path))
-        return False
+        return None
     raise CorruptDataError("journal segment header is invalid", path=path, offset=0)
 
 
-def _records(mm: mmap.mmap, path: str, sid: int, pos: int,
+def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int,
              size: int) -> Generator[tuple[JournalRecord, LogMark], None, int]:
     """Yield the valid records from ``pos``; returns the offset of a bad record, or -1."""
     prefix, body_hdr = _PREFIX.unpack_from, _BODY.unpack_from
@@ -493,7 +612,7 @@ def _records(mm: mmap.mmap, path: str, sid: int, pos: int,
         end = pos + _PREFIX.size + length
         if not _BODY_MIN <= length <= _BODY_MAX or end > size:
             return pos
-        if crc32c(mm[pos + _PREFIX.size:end]) != crc:
+        if crc32c(mm[pos + _PREFIX.size:end], seed) != crc:
             return pos
         rtype, ledger_id, entry_id = body_hdr(mm, pos + _PREFIX.size)
         if rtype not in _KNOWN_TYPES:
@@ -517,22 +636,22 @@ def _all_zero(mm: mmap.mmap, start: int, chunk: int = 1 << 20) -> bool:
     return True
 
 
-def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, bad: int, last: bool) -> None:
+def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, seed: int, bad: int, last: bool) -> None:
     """Raise unless the bad record at ``bad`` is a torn tail (see the module's rule)."""
     if not last:
         raise CorruptDataError("journal record is corrupt in a sealed segment", path=path, offset=bad)
-    if _durable_beyond(mm, sid, bad):
+    if _durable_beyond(mm, sid, seed, bad):
         raise CorruptDataError("journal record is corrupt before later durable batches", path=path,
                                offset=bad)
 
 
-def _durable_beyond(mm: mmap.mmap, sid: int, bad: int) -> bool:
+def _durable_beyond(mm: mmap.mmap, sid: int, seed: int, bad: int) -> bool:
     """True when a valid BATCH record after ``bad`` says ``bad`` had already been fsynced."""
     at = mm.find(BATCH_MAGIC, bad + RECORD_HEADER_BYTES + 1)
     while at >= 0:
         rec = at - RECORD_HEADER_BYTES
         length, crc = _PREFIX.unpack_from(mm, rec)
-        if length == _BATCH_BODY and crc == crc32c(mm[rec + _PREFIX.size:at + len(BATCH_MAGIC)]):
+        if length == _BATCH_BODY and crc == crc32c(mm[rec + _PREFIX.size:at + len(BATCH_MAGIC)], seed):
             rtype, seg, synced_upto = _BODY.unpack_from(mm, rec + _PREFIX.size)
             if rtype == RecordType.BATCH and seg == sid and synced_upto > bad:
                 return True
