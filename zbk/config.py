@@ -76,6 +76,10 @@ class BookieConfig:
     # Start writing each this many bytes of an entry log to disk (asynchronously), so that a
     # checkpoint's fsync finds little left to write; 0: leave it to the kernel and the checkpoint.
     flush_entry_log_bytes: int = limits.entry_log_flush_bytes_default
+    # Of the data the entry logger wrote, the last this many MiB stay in the page cache;
+    # older pages are dropped once on disk (zbk/storage/entrylog.py, "Page cache"); 0: the
+    # kernel decides.
+    entry_log_keep_cached_mb: int = limits.entry_log_keep_cached_bytes_default // (1024 * 1024)
     entry_log_per_ledger: bool = False
     entry_logs_open_max: int = limits.entry_logs_open_max
     entry_log_expire_after_access_s: float = float(limits.entry_log_expire_after_access_s)
@@ -140,6 +144,7 @@ class BookieConfig:
         _positive("entry_log_size_limit_mb", cfg.entry_log_size_limit_mb)
         _non_negative("entry_log_write_buffer_bytes", cfg.entry_log_write_buffer_bytes)
         _non_negative("flush_entry_log_bytes", cfg.flush_entry_log_bytes)
+        _non_negative("entry_log_keep_cached_mb", cfg.entry_log_keep_cached_mb)
         _positive("entry_logs_open_max", cfg.entry_logs_open_max)
         _positive("entry_log_expire_after_access_s", cfg.entry_log_expire_after_access_s)
         _positive("ledger_cache_bytes_max", cfg.ledger_cache_bytes_max)

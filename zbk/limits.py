@@ -58,6 +58,7 @@ journal_group_bytes_default = 512 * 1024
 entry_log_bytes_default = 1024 * 1024 * 1024
 entry_log_write_buffer_bytes_default = 64 * 1024
 entry_log_flush_bytes_default = 4 * 1024 * 1024  # start writeback of each this many bytes (entrylog.py)
+entry_log_keep_cached_bytes_default = 512 * 1024 * 1024  # written data left in the page cache (entrylog.py)
 entry_logs_open_max = 64  # entry-log-per-ledger: cap on open logs (BP-32)
 entry_log_expire_after_access_s = 300  # entry-log-per-ledger: rotate an idle log (BP-32)
 ledger_cache_bytes_max_default = 64 * 1024 * 1024  # index pages held in memory

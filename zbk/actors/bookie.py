@@ -171,6 +171,7 @@ class Bookie:
                                    size_limit_bytes=self.cfg.entry_log_size_limit_mb * 1024 * 1024,
                                    write_buffer_bytes=self.cfg.entry_log_write_buffer_bytes,
                                    writeback_bytes=self.cfg.flush_entry_log_bytes,
+                                   keep_cached_bytes=self.cfg.entry_log_keep_cached_mb * 1024 * 1024,
                                    per_ledger=self.cfg.entry_log_per_ledger,
                                    open_max=self.cfg.entry_logs_open_max,
                                    expire_after_access_s=self.cfg.entry_log_expire_after_access_s,

@@ -47,6 +47,9 @@ class Disk(Protocol):
     def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
         """Start writing a range of the file to disk without waiting (a hint, not durability)."""
 
+    def drop_cache(self, fd: int, offset: int, nbytes: int) -> None:
+        """Let the page cache drop a range of the file that is on disk (a hint)."""
+
     def usage(self, path: str) -> tuple[int, int]:
         """``(used_bytes, total_bytes)`` of the file system holding ``path``."""
 
@@ -115,6 +118,16 @@ class RealDisk:
         if _sync_file_range is not None:
             _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # errors surface at the fsync
 
+    def drop_cache(self, fd: int, offset: int, nbytes: int) -> None:
+        """``posix_fadvise(POSIX_FADV_DONTNEED)``: the kernel frees the range's clean pages
+        now; dirty pages and pages under writeback stay (the call never loses data). An
+        error is ignored: it is a hint, and the file stays intact either way."""
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+
     def usage(self, path: str) -> tuple[int, int]:
         st = os.statvfs(path)
         total = st.f_blocks * st.f_frsize
@@ -143,6 +156,7 @@ class FaultyDisk(RealDisk):
         self.fsyncs = 0
         self.dir_fsyncs = 0
         self.writebacks: list[tuple[int, int, int]] = []  # (fd, offset, bytes) of start_writeback
+        self.drops: list[tuple[int, int, int]] = []  # (fd, offset, bytes) of drop_cache
 
     def _budget(self, data: Buffer) -> memoryview:
         """The part of ``data`` that fits in the budget (all of it when unlimited)."""
@@ -172,6 +186,10 @@ class FaultyDisk(RealDisk):
     def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
         self.writebacks.append((fd, offset, nbytes))
         super().start_writeback(fd, offset, nbytes)
+
+    def drop_cache(self, fd: int, offset: int, nbytes: int) -> None:
+        self.drops.append((fd, offset, nbytes))
+        super().drop_cache(fd, offset, nbytes)
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1

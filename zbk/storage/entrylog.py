@@ -49,6 +49,21 @@ Crash recovery ("sealing")
     hold only entries that were never flushed; checkpoints flush the entry logs before
     the index points at them, and journal replay re-adds newer entries into new logs.
 
+Page cache ("drop behind", ``keep_cached_bytes``)
+    Of everything the writer has written, the last ``keep_cached_bytes`` (across its logs)
+    are left in the page cache for readers; older ranges are dropped from it
+    (``posix_fadvise(DONTNEED)``, :meth:`Disk.drop_cache`) in steps of
+    ``_DROP_STEP_BYTES``. Dirty pages and pages still being written back are not dropped
+    by the kernel, so this never loses data: the pages it frees were already on disk
+    (``writeback_bytes`` starts their writeback early). Why: data written once and read
+    rarely would otherwise keep asking the kernel for new memory. Freed pages are reused
+    by the next writes at once; new ones cost reclaim on a full machine, and on a VM whose
+    balloon reports free memory to the host, a fault into the host per page. Measured on
+    this project's VM (``bench/ab.py``, three bookies at window 1,000, 2026-11-24): 50,096
+    against 55,482 entries/s, system CPU 30-35 % against 18-26 %. Reads of older entries
+    are served from disk (with the kernel's readahead). ``keep_cached_bytes=0``: caching is
+    left to the kernel.
+
 Entry log per ledger (BP-32)
     With ``per_ledger=True`` each ledger has its own active log. A log is rotated (footer
     written) when its ledger was write-closed (at the next flush), when it was idle for
@@ -66,7 +81,7 @@ import logging
 import mmap
 import os
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -105,6 +120,7 @@ _TRAILER = struct.Struct("<QII8s")
 _LAST_ID = struct.Struct("<8sQ")
 _REC = struct.Struct("<IIQq")  # a record's header: length, crc32c, ledger id, entry id
 _READ_FDS_MAX = 64
+_DROP_STEP_BYTES = 4 * 1024 * 1024  # drop behind in steps of at least this much
 _READ_GUESS_BYTES = 4096
 # Range reads (read_entries) coalesce records that lie close together in one log into one
 # pread of at most _RUN_BYTES_MAX. A location more than _RUN_GAP_MAX past the previous one
@@ -284,7 +300,8 @@ class EntryLogWriter:
                  open_max: int = limits.entry_logs_open_max,
                  expire_after_access_s: float = limits.entry_log_expire_after_access_s,
                  clock: Clock = SYSTEM_CLOCK,
-                 writeback_bytes: int = limits.entry_log_flush_bytes_default) -> None:
+                 writeback_bytes: int = limits.entry_log_flush_bytes_default,
+                 keep_cached_bytes: int = limits.entry_log_keep_cached_bytes_default) -> None:
         assert dirs, "at least one ledger directory"
         assert HEADER_BYTES < size_limit_bytes <= OFFSET_MASK, "size limit must fit a 40-bit offset"
         assert open_max >= 1
@@ -292,6 +309,10 @@ class EntryLogWriter:
         self._size_limit = size_limit_bytes
         self._write_buffer = write_buffer_bytes
         self._writeback_bytes = writeback_bytes  # 0: leave writeback to the kernel and the checkpoint
+        self._keep_cached = keep_cached_bytes  # 0: leave the page cache to the kernel
+        # Written ranges still in the page cache, oldest first: [log id, start, end].
+        self._cached: deque[list[int]] = deque()
+        self._cached_bytes = 0
         self._disk = disk
         self._per_ledger = per_ledger
         self._open_max = open_max
@@ -482,16 +503,55 @@ class EntryLogWriter:
             # The buffer stays: its entries are still readable from memory.
             self._failed = e
             raise
+        start = lg.written
         lg.written += len(lg.buf)
         self._bytes_written += len(lg.buf)
         lg.buf = bytearray()
         lg.unsynced = True
+        if self._keep_cached:
+            self._note_cached(lg.log_id, start, lg.written)
         if self._writeback_bytes and lg.written - lg.writeback_from >= self._writeback_bytes:
             # Start writing the last few MiB to disk now (BookKeeper's flushEntrylogBytes):
             # else a checkpoint's fsync sends every byte written since the last one at once,
             # and the journals' fsyncs on the same disk wait behind it.
             self._disk.start_writeback(lg.fd, lg.writeback_from, lg.written - lg.writeback_from)
             lg.writeback_from = lg.written
+
+    def _note_cached(self, log_id: int, start: int, end: int) -> None:
+        """Remember a written range; drop the oldest ones beyond ``keep_cached_bytes``
+        ("Page cache" above)."""
+        cached = self._cached
+        if cached and cached[-1][0] == log_id and cached[-1][2] == start:
+            cached[-1][2] = end
+        else:
+            cached.append([log_id, start, end])
+        self._cached_bytes += end - start
+        excess = self._cached_bytes - self._keep_cached
+        if excess < _DROP_STEP_BYTES:
+            return
+        while excess > 0 and cached:
+            rng = cached[0]
+            n = min(rng[2] - rng[1], excess)
+            fd = self._fd_of(rng[0])
+            if fd is not None:
+                self._disk.drop_cache(fd, rng[1], n)
+            rng[1] += n
+            if rng[1] == rng[2]:
+                cached.popleft()
+            excess -= n
+            self._cached_bytes -= n
+
+    def _fd_of(self, log_id: int) -> int | None:
+        """A descriptor of a log that still exists (None for one that GC removed)."""
+        lg = self._open.get(log_id)
+        if lg is not None:
+            return lg.fd
+        if log_id not in self._paths:
+            return None
+        try:
+            return self._read_fd(log_id)
+        except OSError:
+            return None
 
     def _retire(self, lg: _Log) -> None:
         """Rotate: write the buffer and the footer; the fsync and close happen at :meth:`flush`."""
@@ -775,6 +835,10 @@ class EntryLogWriter:
         if path is None:
             return False
         self._footers.pop(log_id, None)
+        gone = [rng for rng in self._cached if rng[0] == log_id]
+        if gone:
+            self._cached = deque(rng for rng in self._cached if rng[0] != log_id)
+            self._cached_bytes -= sum(rng[2] - rng[1] for rng in gone)
         fd = self._read_fds.pop(log_id, None)
         if fd is not None:
             os.close(fd)
