@@ -93,19 +93,19 @@ def test_old_records_at_a_record_boundary_never_replay(tmp_path, caplog):
     begins, a record whose CRC is valid for its own segment: only the seed keeps it out."""
     d = str(tmp_path)
     w = JournalWriter(d, 200, reuse_files=1, preallocate_bytes=0)
-    # Segment 1: batches of one ADD with an 8-byte payload (33 bytes: a BATCH record's size).
-    for eid in range(5):
+    # Segments 1 and 2: batches of one ADD with an 8-byte payload (33 bytes: a BATCH
+    # record's size), three per segment (24 + 3 * 66 >= 200 rotates).
+    eid = 0
+    while w.segment_id < 3:
         w.append(RecordType.ADD, 1, eid, b"old-data")
         w.sync()
-    assert w.segment_id == 2
-    w.delete_segments_before(w.mark)
-    assert list_free(d) == [1]
-    w.close()
-    # A new writer opens segment 3 from the free file: one batch of two such records, then
-    # a crash. The records end at 24 + 33 + 66 = 123, where segment 1's second batch has its
+        eid += 1
+        if w.segment_id == 2 and not list_free(d):
+            w.delete_segments_before(w.mark)  # segment 1 becomes the free file
+    assert eid == 6 and list_free(d) == []
+    # Segment 3 was made from segment 1's file: one batch of two such records, then a
+    # crash. The records end at 24 + 33 + 66 = 123, where segment 1's second batch has its
     # ADD record.
-    w = JournalWriter(d, 1 << 20, reuse_files=1, preallocate_bytes=0)
-    assert w.segment_id == 3
     w.append(RecordType.ADD, 2, 0, b"new-data")
     w.append(RecordType.ADD, 2, 1, b"new-data")
     w.sync()
@@ -146,24 +146,21 @@ def test_a_checkpoint_mark_and_replay_across_recycled_segments(tmp_path):
     assert _entries(d, mark) == [(99, 0)]
 
 
-def test_reuse_off_removes_free_files_left_by_an_earlier_run(tmp_path):
+def test_free_files_of_an_earlier_process_are_removed(tmp_path):
+    """After a reboot their pages are not cached: a new writer starts a new pool."""
     d = str(tmp_path)
     w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)
     _fill(w, 4)
     w.delete_segments_before(w.mark)
     w.close()
     assert list_free(d) == [1, 2, 3]
-    newest = os.stat(os.path.join(d, segment_name(3) + FREE_SUFFIX)).st_ino
-    # A smaller limit keeps the newest free file (and makes the next segment from it).
-    w = JournalWriter(d, 4096, reuse_files=1)
+    w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)
     assert list_free(d) == [] and w.segment_id == 5
-    assert os.stat(os.path.join(d, segment_name(5))).st_ino == newest
-    w.close()
-    w = JournalWriter(d, 4096, reuse_files=4)
+    assert os.path.getsize(os.path.join(d, segment_name(5))) == HEADER_BYTES  # a new file
     w.delete_segments_before(w.mark)
+    assert list_free(d) == [4]
     w.close()
-    assert list_free(d) == [4, 5]
-    JournalWriter(d, 4096).close()  # reuse off: free files are removed
+    JournalWriter(d, 4096).close()  # reuse off: removed all the same
     assert list_free(d) == []
 
 
@@ -191,13 +188,13 @@ def test_version_1_segments_are_still_read(tmp_path):
     w.close()
     assert _entries(d) == [(5, 0), (5, 1), (5, 2)]
     # A version-1 segment recycled as a version-2 one: its old records fail the new seed.
-    w = JournalWriter(d, 4096, reuse_files=2)
+    w = JournalWriter(d, 200, reuse_files=2, preallocate_bytes=0)
+    assert w.segment_id == 3
     w.delete_segments_before(LogMark(2, 0))
-    w.close()
     assert list_free(d) == [1]
     inode = os.stat(os.path.join(d, segment_name(1) + FREE_SUFFIX)).st_ino
-    w = JournalWriter(d, 4096, reuse_files=2, preallocate_bytes=0)
-    assert w.segment_id == 4 and list_free(d) == []
+    _fill(w, 4)  # segment 3 fills at once; segment 4 is made from the free file
+    assert list_free(d) == []
     assert os.stat(os.path.join(d, segment_name(4))).st_ino == inode
     w.append(RecordType.FENCE, 6)
     w.sync()

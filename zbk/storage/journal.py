@@ -78,7 +78,8 @@ Rotation
 Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
     A retired segment is renamed to ``<id>.jnl.free`` instead of removed, up to
     ``reuse_files`` of them (the newest are kept), and the next segment is made from such a
-    file rather than a new one: its new header is written over the old one and fsynced
+    file rather than a new one (free files left by an earlier process are removed when a
+    writer opens the directory: after a reboot their pages are no longer cached): its new header is written over the old one and fsynced
     *before* the file is renamed to the new segment's name (and the directory fsynced), so
     a segment name never holds a header of another segment. The file keeps its old size
     and contents; records overwrite the old ones in place. The point is the page cache: a
@@ -266,8 +267,11 @@ class JournalWriter:
         existing = list_segments(directory)
         self._segment_id = existing[-1] + 1 if existing else 1
         self._seed = segment_seed(self._segment_id)
+        # Free files of an earlier process are not reused: after a reboot their pages are
+        # not cached, and a write that covers part of an uncached page reads it first (one
+        # synchronous read per group commit). The pool refills at this run's checkpoints.
         self._free = list_free(directory)
-        if self._trim_free():
+        if self._trim_free(0):
             self._disk.fsync_dir(directory)
         self._fd = -1
         self._offset = 0  # bytes written to the current segment
@@ -445,10 +449,10 @@ class JournalWriter:
         self._offset = self._synced = HEADER_BYTES
         self._alloc_end = max(HEADER_BYTES, size)
 
-    def _trim_free(self) -> bool:
-        """Remove the free files beyond ``reuse_files`` (the oldest ones; the caller fsyncs
-        the directory); True if it removed any."""
-        excess = len(self._free) - self._reuse_files
+    def _trim_free(self, keep: int) -> bool:
+        """Remove the free files beyond the newest ``keep`` (the caller fsyncs the
+        directory); True if it removed any."""
+        excess = len(self._free) - keep
         if excess <= 0:
             return False
         for fid in self._free[:excess]:
@@ -490,7 +494,7 @@ class JournalWriter:
             else:
                 os.unlink(path)
         self._free = sorted(self._free + keep)
-        self._trim_free()
+        self._trim_free(self._reuse_files)
         self._disk.fsync_dir(self._dir)
         return doomed
 
