@@ -148,20 +148,34 @@ def test_a_checkpoint_mark_and_replay_across_recycled_segments(tmp_path):
 
 def test_free_files_of_an_earlier_process_are_removed(tmp_path):
     """After a reboot their pages are not cached: a new writer starts a new pool."""
+    for reuse in (4, 0):
+        d = str(tmp_path / str(reuse))
+        w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)
+        _fill(w, 4)
+        w.delete_segments_before(w.mark)
+        w.close()
+        assert list_free(d) == [1, 2, 3]
+        w = JournalWriter(d, 4096, reuse_files=reuse, preallocate_bytes=0)
+        assert list_free(d) == [] and w.segment_id == 5
+        assert os.path.getsize(os.path.join(d, segment_name(5))) == HEADER_BYTES  # a new file
+        w.delete_segments_before(w.mark)  # segment 4 is the earlier writer's: removed too
+        assert list_free(d) == [] and list_segments(d) == [5]
+        w.close()
+
+
+def test_segments_of_an_earlier_process_are_removed_not_kept(tmp_path):
     d = str(tmp_path)
     w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)
-    _fill(w, 4)
-    w.delete_segments_before(w.mark)
+    _fill(w, 3)
     w.close()
-    assert list_free(d) == [1, 2, 3]
-    w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)
-    assert list_free(d) == [] and w.segment_id == 5
-    assert os.path.getsize(os.path.join(d, segment_name(5))) == HEADER_BYTES  # a new file
-    w.delete_segments_before(w.mark)
-    assert list_free(d) == [4]
+    assert list_segments(d) == [1, 2, 3]
+    w = JournalWriter(d, 4096, reuse_files=4, preallocate_bytes=0)  # after replay, at boot
+    assert w.delete_segments_before(w.mark) == [1, 2, 3]
+    assert list_free(d) == [] and list_segments(d) == [4]
+    _fill(w, 6)
+    assert w.delete_segments_before(w.mark) == [4, 5]
+    assert list_free(d) == [4, 5]
     w.close()
-    JournalWriter(d, 4096).close()  # reuse off: removed all the same
-    assert list_free(d) == []
 
 
 def _v1_segment(path: str, sid: int, records: list[tuple[int, int, bytes]]) -> None:
@@ -187,19 +201,11 @@ def test_version_1_segments_are_still_read(tmp_path):
     w.sync()
     w.close()
     assert _entries(d) == [(5, 0), (5, 1), (5, 2)]
-    # A version-1 segment recycled as a version-2 one: its old records fail the new seed.
-    w = JournalWriter(d, 200, reuse_files=2, preallocate_bytes=0)
-    assert w.segment_id == 3
-    w.delete_segments_before(LogMark(2, 0))
-    assert list_free(d) == [1]
-    inode = os.stat(os.path.join(d, segment_name(1) + FREE_SUFFIX)).st_ino
-    _fill(w, 4)  # segment 3 fills at once; segment 4 is made from the free file
-    assert list_free(d) == []
-    assert os.stat(os.path.join(d, segment_name(4))).st_ino == inode
-    w.append(RecordType.FENCE, 6)
-    w.sync()
-    _crash(w)
-    assert _entries(d, LogMark(4, 0)) == [(6, -1)]
+    # Retired by a writer of this version, it is removed rather than reused.
+    w = JournalWriter(d, 4096, reuse_files=2)
+    assert w.delete_segments_before(LogMark(3, 0)) == [1, 2]
+    assert list_free(d) == [] and list_segments(d) == [3]
+    w.close()
 
 
 def test_record_crcs_differ_between_segments():

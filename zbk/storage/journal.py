@@ -76,12 +76,14 @@ Rotation
     checkpoint has made everything before a mark durable elsewhere.
 
 Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
-    A retired segment is renamed to ``<id>.jnl.free`` instead of removed, up to
-    ``reuse_files`` of them (the newest are kept), and the next segment is made from such a
-    file rather than a new one (free files left by an earlier process are removed when a
-    writer opens the directory: after a reboot their pages are no longer cached): its new header is written over the old one and fsynced
-    *before* the file is renamed to the new segment's name (and the directory fsynced), so
-    a segment name never holds a header of another segment. The file keeps its old size
+    A retired segment that this writer wrote is renamed to ``<id>.jnl.free`` instead of
+    removed, up to ``reuse_files`` of them (the newest are kept), and the next segment is
+    made from such a file rather than a new one: its new header is written over the old one
+    and fsynced *before* the file is renamed to the new segment's name (and the directory
+    fsynced), so a segment name never holds a header of another segment. Segments and free
+    files of an earlier process are removed, never reused: after a reboot their pages are
+    no longer cached, and a group commit that ends inside an uncached page makes ``write()``
+    read that page from disk first. The file keeps its old size
     and contents; records overwrite the old ones in place. The point is the page cache: a
     new file's pages are memory the kernel must allocate (and, on a VM whose balloon
     reports free pages, the host must fault in again), while a recycled file's pages are
@@ -267,9 +269,9 @@ class JournalWriter:
         existing = list_segments(directory)
         self._segment_id = existing[-1] + 1 if existing else 1
         self._seed = segment_seed(self._segment_id)
-        # Free files of an earlier process are not reused: after a reboot their pages are
-        # not cached, and a write that covers part of an uncached page reads it first (one
-        # synchronous read per group commit). The pool refills at this run's checkpoints.
+        # Only segments this writer wrote are reused ("Recycling"); the pool refills at
+        # this run's checkpoints.
+        self._first_own = self._segment_id
         self._free = list_free(directory)
         if self._trim_free(0):
             self._disk.fsync_dir(directory)
@@ -477,8 +479,8 @@ class JournalWriter:
 
     def delete_segments_before(self, mark: LogMark) -> list[int]:
         """Retire segments wholly before ``mark`` (never the current one); returns their ids.
-        The newest ``reuse_files`` of them (with the free files already kept) are renamed to
-        free files for the next segments to reuse; the others are removed.
+        The newest ``reuse_files`` of those this writer wrote (with the free files already
+        kept) are renamed to free files for the next segments to reuse; the others are removed.
 
         Call only after a checkpoint made everything before ``mark`` durable in the entry
         logs and the index, and persisted ``mark`` as the last mark.
@@ -486,7 +488,8 @@ class JournalWriter:
         doomed = [s for s in list_segments(self._dir) if s < mark.segment_id and s != self._segment_id]
         if not doomed:
             return doomed
-        keep = doomed[-self._reuse_files:] if self._reuse_files else []
+        own = [s for s in doomed if s >= self._first_own]
+        keep = own[-self._reuse_files:] if self._reuse_files else []
         for sid in doomed:
             path = os.path.join(self._dir, segment_name(sid))
             if sid in keep:
