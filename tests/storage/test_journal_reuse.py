@@ -53,7 +53,7 @@ def test_retired_segments_are_kept_for_reuse_up_to_the_limit(tmp_path):
     assert list_segments(d) == [1, 2, 3, 4, 5, 6]
     assert w.delete_segments_before(w.mark) == [1, 2, 3, 4, 5]
     # The newest two are kept, renamed out of the log; the others are gone.
-    assert list_free(d) == [4, 5] and list_segments(d) == [6]
+    assert list_free(d) == [4, 5] and list_segments(d) == [6] and w.free_segments == 2
     assert sorted(os.listdir(d)) == [segment_name(4) + FREE_SUFFIX, segment_name(5) + FREE_SUFFIX,
                                      segment_name(6)]
     w.append(RecordType.FENCE, 3)

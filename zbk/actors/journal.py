@@ -66,9 +66,10 @@ class JournalCore:
             assert self.outbox is not None
             self.outbox.send("entrylogger", Mark(msg.cp_id, tuple(self.writer.mark)))  # type: ignore[arg-type]
         elif isinstance(msg, TrimJournal):
-            deleted = self.writer.delete_segments_before(LogMark(*msg.mark))
-            if deleted:
-                log.info("journal: deleted %d segment(s) before checkpoint mark %s", len(deleted), msg.mark)
+            retired = self.writer.delete_segments_before(LogMark(*msg.mark))
+            if retired:
+                log.info("journal: retired %d segment(s) before checkpoint mark %s (%d kept for reuse)",
+                         len(retired), msg.mark, self.writer.free_segments)
         else:
             raise AssertionError(f"journal: unexpected message {msg!r}")
 

@@ -345,6 +345,11 @@ class JournalWriter:
     def segment_id(self) -> int:
         return self._segment_id
 
+    @property
+    def free_segments(self) -> int:
+        """Retired segments kept for reuse ("Recycling")."""
+        return len(self._free)
+
     def sync(self, fsync: bool = True) -> LogMark:
         """Write everything buffered in one ``write()``, then ``fsync`` (group commit).
 
