@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -17,7 +16,16 @@ from zbk.storage.journal import list_segments, segment_name
 from zbk.wire import messages as w
 from zbk.wire.status import Status
 
-from .util import MK, add, check_payloads, entry, multi_adds_through_checkpoints_then_kill9, read
+from .util import (
+    MK,
+    add,
+    check_payloads,
+    entry,
+    multi_adds_through_checkpoints_then_kill9,
+    read,
+    seeded_rng,
+    send_random_add,
+)
 
 LEDGERS = 50
 TARGET_ACKED = 10_000
@@ -34,13 +42,7 @@ def _write_until_killed(bk, next_eid: dict[int, int], acked: dict[int, int], kil
     with bk.connect(timeout_s=5) as c:
         while True:
             while not killed and len(pending) < WINDOW:
-                lid = rng.randrange(LEDGERS)
-                eids = list(range(next_eid[lid], next_eid[lid] + BATCH))
-                next_eid[lid] += BATCH
-                rid = c.next_rid()
-                c.send(w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
-                                    entries=[entry(lid, e) for e in eids]))
-                pending[rid] = (lid, eids)
+                send_random_add(c, rng, next_eid, pending, BATCH)
             try:
                 resp = c.recv(timeout_s=2 if killed else 10)
             except ZbkError:
@@ -56,9 +58,7 @@ def _write_until_killed(bk, next_eid: dict[int, int], acked: dict[int, int], kil
 
 
 def test_acknowledged_entries_survive_kill9_at_random_points(bookies):
-    seed = int(os.environ.get("ZBK_SEED", random.randrange(1 << 30)))
-    print(f"ZBK_SEED={seed}")
-    rng = random.Random(seed)
+    rng = seeded_rng()
     bk = bookies(settings={"flush_interval_ms": 300, "entry_log_size_limit_mb": 2,
                            "journal_max_size_mb": 1})
     bk.start()

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 from zbk.errors import ZbkError
-from zbk.wire import messages as w
 from zbk.wire.status import Status
 
-from .util import MK, check_payloads, entry, read
+from .util import check_payloads, read, seeded_rng, send_random_add
 
 LEDGERS = 8
 SIZE = 1024
@@ -51,13 +50,7 @@ def _write_until_killed_in_recycled(bk, next_eid: dict[int, int], acked: dict[in
     with bk.connect(timeout_s=5) as c:
         while True:
             while not killed and len(pending) < WINDOW:
-                lid = rng.randrange(LEDGERS)
-                eids = list(range(next_eid[lid], next_eid[lid] + BATCH))
-                next_eid[lid] += BATCH
-                rid = c.next_rid()
-                c.send(w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
-                                    entries=[entry(lid, e, SIZE) for e in eids]))
-                pending[rid] = (lid, eids)
+                send_random_add(c, rng, next_eid, pending, BATCH, SIZE)
             try:
                 resp = c.recv(timeout_s=2 if killed else 10)
             except ZbkError:
@@ -86,9 +79,7 @@ def _write_until_killed_in_recycled(bk, next_eid: dict[int, int], acked: dict[in
 
 
 def test_kill9_while_writing_into_a_recycled_journal_segment(bookies):
-    seed = int(os.environ.get("ZBK_SEED", random.randrange(1 << 30)))
-    print(f"ZBK_SEED={seed}")
-    rng = random.Random(seed)
+    rng = seeded_rng()
     # 1 MiB segments and a checkpoint every 100 ms: segments are retired, kept and reused
     # within a second of writing.
     bk = bookies(settings={"flush_interval_ms": 100, "journal_max_size_mb": 1}).start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import time
 from typing import Any
 
@@ -35,6 +36,26 @@ def add(c: BookieConnection, lid: int, eids: list[int], *, flags: AddFlag = NO_A
         size: int = 256) -> w.AddResponse:
     return c.call(w.AddRequest(rid=c.next_rid(), ledger_id=lid, master_key=key, flags=flags,
                                entries=[entry(lid, e, size) for e in eids]))
+
+
+def seeded_rng() -> random.Random:
+    """A Random seeded from ``ZBK_SEED`` (or a fresh seed), printed so a failure can be replayed."""
+    seed = int(os.environ.get("ZBK_SEED", random.randrange(1 << 30)))
+    print(f"ZBK_SEED={seed}")
+    return random.Random(seed)
+
+
+def send_random_add(c: BookieConnection, rng: random.Random, next_eid: dict[int, int],
+                    pending: dict[int, tuple[int, list[int]]], batch: int, size: int = 256) -> None:
+    """Pipeline one add of ``batch`` entries to a random ledger of ``next_eid`` (its next
+    ids); ``pending`` maps the request id to (ledger, entry ids) until its answer."""
+    lid = rng.choice(list(next_eid))
+    eids = list(range(next_eid[lid], next_eid[lid] + batch))
+    next_eid[lid] += batch
+    rid = c.next_rid()
+    c.send(w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=NO_ADD_FLAGS,
+                        entries=[entry(lid, e, size) for e in eids]))
+    pending[rid] = (lid, eids)
 
 
 def read(c: BookieConnection, lid: int, first: int, count: int = 1, *, flags: ReadFlag = NO_READ_FLAGS,

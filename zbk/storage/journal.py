@@ -415,39 +415,29 @@ class JournalWriter:
     # --- segments ----------------------------------------------------------------------
 
     def _open_segment(self) -> None:
+        """Create the next segment, or make it from the newest free file (see "Recycling"):
+        header written and fsynced before the name exists (a recycled file is renamed only
+        then), then the directory fsynced."""
         self._seed = segment_seed(self._segment_id)
         path = os.path.join(self._dir, segment_name(self._segment_id))
-        if self._free:
-            self._open_recycled(path)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        free = os.path.join(self._dir, segment_name(self._free.pop()) + FREE_SUFFIX) if self._free else None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if free is None else os.open(free, os.O_WRONLY)
         try:
-            self._disk.write(fd, _encode_header(self._segment_id))
-            if self._prealloc > HEADER_BYTES:
-                self._disk.pwrite(fd, _zeros(self._prealloc - HEADER_BYTES), HEADER_BYTES)
-            self._disk.fsync(fd)
-            self._disk.fsync_dir(self._dir)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self._offset = self._synced = HEADER_BYTES
-        self._alloc_end = max(HEADER_BYTES, self._prealloc)
-
-    def _open_recycled(self, path: str) -> None:
-        """Make the next segment from the newest free file (see "Recycling"): new header,
-        fsync, and only then the rename to the segment's name."""
-        free = os.path.join(self._dir, segment_name(self._free.pop()) + FREE_SUFFIX)
-        fd = os.open(free, os.O_WRONLY)
-        try:
-            size = os.fstat(fd).st_size
-            # Cached pages are overwritten in place; pages the kernel dropped are read back
-            # ahead of the writes instead of one by one inside them.
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            self._disk.pwrite(fd, _encode_header(self._segment_id), 0)
-            self._disk.fsync(fd)
-            os.rename(free, path)
+            if free is None:
+                size = self._prealloc
+                self._disk.write(fd, _encode_header(self._segment_id))
+                if self._prealloc > HEADER_BYTES:
+                    self._disk.pwrite(fd, _zeros(self._prealloc - HEADER_BYTES), HEADER_BYTES)
+                self._disk.fsync(fd)
+            else:
+                size = os.fstat(fd).st_size
+                # Cached pages are overwritten in place; pages the kernel dropped are read
+                # back ahead of the writes instead of one by one inside them.
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                self._disk.pwrite(fd, _encode_header(self._segment_id), 0)
+                self._disk.fsync(fd)
+                os.rename(free, path)
             self._disk.fsync_dir(self._dir)
         except BaseException:
             os.close(fd)
