@@ -14,8 +14,9 @@ this one (A/B against the same bookies), e.g. the client before a change:
     mkdir -p /tmp/zbk-old && git archive <rev> zbk | tar -x -C /tmp/zbk-old
     .venv/bin/python bench/client_cost.py --counts 1,10000 --rounds 2 --client-root /tmp/zbk-old
 
-``--profile PREFIX`` records the measured part of every client run with py-spy
-(``--gil``, raw; summarize with bench/profile_top.py).
+``--profile PREFIX`` records the measured part of every client run with py-spy (the client
+with ``--gil``, bookie-0 per thread, to ``PREFIX...-bookie0.txt``; raw; summarize with
+bench/profile_top.py).
 """
 
 from __future__ import annotations
@@ -74,12 +75,14 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
                     lat.append(time.perf_counter() - start)
                     done += 1
 
-            spy = None
-            if profile:
-                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(os.getpid()),
-                                        "--format", "raw", "--gil", "--rate", "250", "-o", profile,
-                                        "--duration", str(int(seconds))],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spies = []
+            if profile:  # the client (--gil) and bookie-0 (per thread)
+                for pid, path, extra in ((os.getpid(), profile, ["--gil"]),
+                                         (pids[0], profile.replace(".txt", "-bookie0.txt"), ["--threads"])):
+                    spies.append(subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
+                                                   "--format", "raw", *extra, "--rate", "250", "-o", path,
+                                                   "--duration", str(int(seconds))],
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 await asyncio.sleep(0.5)
             load = loadavg()
             cpu0, bcpu0 = time.process_time(), sum(cpu_seconds(p) for p in pids)
@@ -95,7 +98,7 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
                 await window.acquire()
             elapsed = time.perf_counter() - t0
             client_s, bookie_s = time.process_time() - cpu0, sum(cpu_seconds(p) for p in pids) - bcpu0
-            if spy is not None:
+            for spy in spies:
                 spy.wait()
             lat.sort()
             return {"ledgers": n, "entries_per_s": round(done / elapsed), "client_cpu_s_per_100k": round(client_s / done * 1e5, 2),

@@ -1,8 +1,14 @@
 """Microbenchmark of the storage hot paths: per-operation costs on this machine.
 
-    .venv/bin/python bench/storage_micro.py [--dir DIR] [--n N]
+    .venv/bin/python bench/storage_micro.py [--dir DIR] [--n N] [--only NAME ...]
 
 The directory should be on the disk a bookie would use (fsync costs depend on it).
+
+``index-flush``: a checkpoint's index flush with ``--ledgers`` ledgers (default 10,000)
+holding one new entry each, made durable by one syncfs per file system (the default) and
+by an fsync per index file, alternating for ``--rounds`` rounds: wall time and the whole
+machine's busy CPU (/proc/stat: a syncfs's writeback runs in kernel threads, which the
+process's own CPU time would not show), medians with min-max.
 """
 
 from __future__ import annotations
@@ -10,10 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 
+from zbk.storage.disk import SYNCFS_REPORTS_ERRORS
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -114,16 +122,62 @@ def bench_cache(root: str, n: int) -> None:
     c.close()
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy since boot (/proc/stat, all CPUs)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+def bench_index_flush(root: str, ledgers: int, rounds: int) -> None:
+    caches = {}
+    for mode in ("syncfs", "fsync"):
+        c = caches[mode] = LedgerCache([os.path.join(root, f"index-{mode}")], 256 << 20, syncfs=mode == "syncfs")
+        for ledger_id in range(ledgers):
+            c.set_master_key(ledger_id, b"k" * 20)
+            c.put(ledger_id, 0, (1 << 40) | (24 + ledger_id))
+        c.flush()  # creates the files
+    if not SYNCFS_REPORTS_ERRORS:
+        print("index flush: this kernel's syncfs does not report writeback errors: both modes fsync")
+    results: dict[str, list[tuple[float, float]]] = {"syncfs": [], "fsync": []}
+    for rnd in range(1, rounds + 1):
+        for mode in (("syncfs", "fsync") if rnd % 2 else ("fsync", "syncfs")):
+            c = caches[mode]
+            for ledger_id in range(ledgers):
+                c.put(ledger_id, rnd, (1 << 40) | (24 + rnd * ledgers + ledger_id))
+            os.sync()  # nothing else dirty on the file system when the flush starts
+            busy0, t0 = _machine_busy_s(), time.perf_counter()
+            c.flush()
+            results[mode].append((time.perf_counter() - t0, _machine_busy_s() - busy0))
+    for mode, runs in results.items():
+        walls, cpus = [r[0] for r in runs], [r[1] for r in runs]
+        print(f"index flush, {ledgers:,} ledgers, {mode:<6}: wall {statistics.median(walls):.3f} s "
+              f"({min(walls):.3f}-{max(walls):.3f}), machine CPU {statistics.median(cpus):.3f} s "
+              f"({min(cpus):.3f}-{max(cpus):.3f})")
+    for c in caches.values():
+        c.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--n", type=int, default=100_000, help="operations per measurement")
+    parser.add_argument("--only", action="append", choices=["journal", "entrylog", "cache", "index-flush"],
+                        help="run only this part (repeatable; default: all)")
+    parser.add_argument("--ledgers", type=int, default=10_000, help="index-flush: dirty ledgers per flush")
+    parser.add_argument("--rounds", type=int, default=5, help="index-flush: flushes per mode")
     args = parser.parse_args()
+    only = set(args.only or ["journal", "entrylog", "cache", "index-flush"])
     root = tempfile.mkdtemp(prefix="zbk-bench-", dir=args.dir)
     try:
-        bench_journal(root, args.n)
-        bench_entrylog(root, args.n)
-        bench_cache(root, args.n)
+        if "journal" in only:
+            bench_journal(root, args.n)
+        if "entrylog" in only:
+            bench_entrylog(root, args.n)
+        if "cache" in only:
+            bench_cache(root, args.n)
+        if "index-flush" in only:
+            bench_index_flush(root, args.ledgers, args.rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers.journal import records_end, write_torn
 
 from zbk.errors import ZbkError
@@ -184,12 +185,14 @@ def test_concurrent_writers_and_readers_see_acked_entries(bookies):
     assert bk.stop() == 0
 
 
-def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledgers(bookies):
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "fsync"])
+def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledgers(bookies, syncfs):
     """MULTI_ADD over 600 ledgers (more than one group of index files flushed before their
-    fsyncs, see LedgerCache.flush): checkpoints run with hundreds of dirty ledgers (new index
-    files, then rewritten pages), the journal before their marks is deleted, and after a
-    kill -9 in the middle of more adds every acknowledged entry is read back."""
-    bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1})
+    fsyncs, see LedgerCache.flush; or one syncfs): checkpoints run with hundreds of dirty
+    ledgers (new index files, then rewritten pages), the journal before their marks is
+    deleted, and after a kill -9 in the middle of more adds every acknowledged entry is read
+    back."""
+    bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1, "index_flush_syncfs": syncfs})
     bk.start()
     multi_adds_through_checkpoints_then_kill9(bk, list(range(1000, 1600)), rounds=4)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from zbk.errors import BadRequestError, CorruptDataError
-from zbk.storage import index
-from zbk.storage.disk import FaultyDisk
+from zbk.storage import index, ledgercache
+from zbk.storage.disk import SYNCFS_REPORTS_ERRORS, FaultyDisk
 from zbk.storage.entrylog import make_location
 from zbk.storage.index import HEADER_BYTES, PAGE_BYTES, PAGE_ENTRIES, SLOT_BYTES, index_path
 from zbk.storage.ledgercache import DELTA_PAGE_BYTES, DELTA_SLOT_BYTES, LedgerCache
@@ -18,6 +20,17 @@ from .helpers import flip_byte
 
 def loc(entry_id: int) -> int:
     return make_location(1 + entry_id % 7, 24 + 100 * entry_id)
+
+
+@pytest.fixture(autouse=True, params=["syncfs", "fsync"])
+def sync_mode(request, monkeypatch):
+    """Every test runs with both ways a flush is made durable: one syncfs per file system
+    (the default where the kernel reports writeback errors through it) and an fsync per file."""
+    if request.param == "syncfs" and not SYNCFS_REPORTS_ERRORS:
+        pytest.skip("this kernel's syncfs does not report writeback errors (Linux < 5.8)")
+    if request.param == "fsync":
+        monkeypatch.setattr(ledgercache, "SYNCFS_REPORTS_ERRORS", False)
+    return request.param
 
 
 def test_put_get_flush_reopen(tmp_path):
@@ -275,7 +288,7 @@ def _flushed(d, entries_of):
     c.close()
 
 
-def test_puts_into_pages_in_the_file_are_deltas_written_in_place(tmp_path, monkeypatch):
+def test_puts_into_pages_in_the_file_are_deltas_written_in_place(tmp_path, monkeypatch, sync_mode):
     d = str(tmp_path)
     _flushed(d, {1: range(0, 10), 2: [*range(0, 5), PAGE_ENTRIES + 3]})
     sizes = {lid: os.path.getsize(index_path(d, lid)) for lid in (1, 2)}
@@ -299,7 +312,8 @@ def test_puts_into_pages_in_the_file_are_deltas_written_in_place(tmp_path, monke
         (HEADER_BYTES + 10 * SLOT_BYTES, 3 * SLOT_BYTES),
         (HEADER_BYTES + 20 * SLOT_BYTES, SLOT_BYTES),
         (HEADER_BYTES + (PAGE_ENTRIES + 4) * SLOT_BYTES, SLOT_BYTES)]
-    assert disk.fsyncs == 2 and c.dirty_bytes == 0 and c.cached_bytes == 0
+    assert (disk.syncfses, disk.fsyncs) == ((1, 0) if sync_mode == "syncfs" else (0, 2))
+    assert c.dirty_bytes == 0 and c.cached_bytes == 0
     c.close()
     assert {lid: os.path.getsize(index_path(d, lid)) for lid in (1, 2)} == sizes, "a delta changed a file's size"
     c = LedgerCache([d], 1 << 20)
@@ -574,3 +588,62 @@ def test_deleting_a_ledger_with_a_new_page_delta(tmp_path):
     assert c.dirty_bytes == DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
     c.flush()
     assert not os.path.exists(index_path(d, 1)) and c.get(2, 0) == loc(2)
+
+
+def test_a_flush_is_one_syncfs_per_file_system_or_one_fsync_per_file(tmp_path, sync_mode):
+    """Two index directories on one file system and, where there is one, a third on another
+    (/dev/shm): syncfs mode syncs each file system once per flush, whatever the number of
+    ledgers; fsync mode fsyncs each written file. A flush with nothing to write syncs nothing."""
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    shm = None
+    if os.path.isdir("/dev/shm") and os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:
+        shm = tempfile.mkdtemp(dir="/dev/shm", prefix="zbk-test-")
+        dirs.append(shm)
+    try:
+        disk = FaultyDisk()
+        c = LedgerCache(dirs, 1 << 20, disk)
+        for ledger_id in range(60):
+            c.put(ledger_id, 0, loc(ledger_id))
+        c.flush()
+        file_systems = len({os.stat(d).st_dev for d in dirs})
+        assert (disk.syncfses, disk.fsyncs) == ((file_systems, 0) if sync_mode == "syncfs" else (0, 60))
+        c.flush()  # nothing dirty
+        assert (disk.syncfses, disk.fsyncs) == ((file_systems, 0) if sync_mode == "syncfs" else (0, 60))
+        for ledger_id in range(0, 60, 2):
+            c.put(ledger_id, 1, loc(ledger_id + 1))
+        c.flush()
+        assert (disk.syncfses, disk.fsyncs) == ((2 * file_systems, 0) if sync_mode == "syncfs" else (0, 90))
+        c.close()
+        c = LedgerCache(dirs, 1 << 20)
+        assert [c.get(ledger_id, 0) for ledger_id in range(60)] == [loc(i) for i in range(60)]
+        assert [c.get(ledger_id, 1) for ledger_id in range(0, 60, 2)] == [loc(i + 1) for i in range(0, 60, 2)]
+        c.close()
+    finally:
+        if shm is not None:
+            shutil.rmtree(shm)
+
+
+def test_a_failed_syncfs_keeps_every_ledger_dirty(tmp_path, sync_mode):
+    """Many ledgers (more than one fsync group, more than the descriptor cache): a failure of
+    the flush's sync leaves all of them dirty, and the retry makes all of them durable."""
+    d = str(tmp_path)
+    disk = FaultyDisk()
+    c = LedgerCache([d], 64 << 20, disk)
+    n = 1500
+    for ledger_id in range(n):
+        c.put(ledger_id, 0, loc(ledger_id))
+    c.flush()
+    for ledger_id in range(n):
+        c.put(ledger_id, 1, loc(ledger_id + 1))
+    dirty = c.dirty_bytes
+    disk.fail_fsync = True
+    with pytest.raises(OSError):
+        c.flush()
+    assert c.dirty_bytes == dirty
+    disk.fail_fsync = False
+    c.flush()
+    assert c.dirty_bytes == 0
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert all(c.get(ledger_id, 1) == loc(ledger_id + 1) for ledger_id in range(n))
+    c.close()

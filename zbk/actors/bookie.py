@@ -176,7 +176,8 @@ class Bookie:
                                    open_max=self.cfg.entry_logs_open_max,
                                    expire_after_access_s=self.cfg.entry_log_expire_after_access_s,
                                    clock=self.clock)
-        self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max)
+        self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max,
+                                 syncfs=self.cfg.index_flush_syncfs)
         replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
         phase_one = closed_lacking = 0

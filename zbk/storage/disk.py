@@ -2,9 +2,9 @@
 
 Every byte the storage modules must not lose goes through a :class:`Disk`: ``write`` /
 ``pwrite`` (all bytes or an ``OSError``), ``fsync`` of a file, ``fsync_dir`` after a name
-was created, renamed or removed, ``write_file_atomic`` (tmp file, fsync, rename, fsync
-directory: readers see the old or the new contents, never a mix), and ``usage`` for the
-disk checker. Reads go straight to ``os.pread``: a read never needs to survive a crash.
+was created, renamed or removed, ``syncfs`` of a whole file system (the index checkpoint),
+``write_file_atomic`` (tmp file, fsync, rename, fsync directory: readers see the old or the
+new contents, never a mix), and ``usage`` for the disk checker. Reads go straight to ``os.pread``: a read never needs to survive a crash.
 
 :class:`RealDisk` is the only implementation used by a bookie. :class:`FaultyDisk` is a
 test fake that runs out of space after a byte budget (writing the part that fits first,
@@ -38,6 +38,10 @@ class Disk(Protocol):
     def fsync_dir(self, path: str) -> None:
         """Make the names in directory ``path`` durable (after create, rename or unlink)."""
 
+    def syncfs(self, fd: int) -> None:
+        """Make everything written to the file system holding ``fd`` durable, names included
+        (Linux ``syncfs(2)``); only where :data:`SYNCFS_REPORTS_ERRORS` (see there)."""
+
     def truncate(self, fd: int, size: int) -> None:
         """Cut the file to ``size`` bytes (not yet durable: follow with :meth:`fsync`)."""
 
@@ -70,6 +74,33 @@ _sync_file_range = _load_sync_file_range() if sys.platform.startswith("linux") e
 _SYNC_FILE_RANGE_WRITE = 2
 
 
+def _load_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs where it reports writeback errors (Linux >= 5.8), else None.
+
+    Before 5.8 ``syncfs`` returned 0 even when the kernel had failed to write a page back:
+    it could not stand in for fsync, whose error is what makes a flush fail and retry. Since
+    5.8 it reports, through the descriptor it is given, every writeback error on the file
+    system since that descriptor was opened or last reported one."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (5, 8):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_syncfs = _load_syncfs() if sys.platform.startswith("linux") else None
+SYNCFS_REPORTS_ERRORS = _syncfs is not None
+"""True where :meth:`RealDisk.syncfs` exists and reports writeback errors (Linux >= 5.8)."""
+
+
 class RealDisk:
     """The operating system, with the write loops and fsyncs that durability needs."""
 
@@ -95,6 +126,17 @@ class RealDisk:
             self.fsync(fd)
         finally:
             os.close(fd)
+
+    def syncfs(self, fd: int) -> None:
+        """``syncfs(2)``: write back and commit every dirty file and name of the file system
+        holding ``fd`` at once, then wait. Raises ``OSError`` on a writeback error reported
+        through ``fd`` (keep one descriptor open from before the first write it must cover:
+        an error that happened before it was opened is not reported through it)."""
+        if _syncfs is None:
+            raise OSError(errno.ENOSYS, "syncfs does not report writeback errors on this system")
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
@@ -140,7 +182,8 @@ class FaultyDisk(RealDisk):
 
     ``write_bytes_left``: bytes that may still be written; the write that crosses the
     budget writes what fits, then raises ``OSError(ENOSPC)`` (``None``: unlimited).
-    ``fail_fsync`` / ``fail_fsync_dir``: every (directory) fsync raises ``OSError(EIO)``.
+    ``fail_fsync`` / ``fail_fsync_dir``: every (directory) fsync raises ``OSError(EIO)``
+(``fail_fsync``: every syncfs too).
     ``usage_result``: what :meth:`usage` answers instead of the real file system.
     Counters let tests check group commit (one write and one fsync per batch).
     """
@@ -155,6 +198,7 @@ class FaultyDisk(RealDisk):
         self.bytes_written = 0
         self.fsyncs = 0
         self.dir_fsyncs = 0
+        self.syncfses = 0
         self.writebacks: list[tuple[int, int, int]] = []  # (fd, offset, bytes) of start_writeback
         self.drops: list[tuple[int, int, int]] = []  # (fd, offset, bytes) of drop_cache
 
@@ -196,6 +240,12 @@ class FaultyDisk(RealDisk):
         if self.fail_fsync:
             raise OSError(errno.EIO, "injected fsync failure")
         super().fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        self.syncfses += 1
+        if self.fail_fsync:
+            raise OSError(errno.EIO, "injected syncfs failure")
+        super().syncfs(fd)
 
     def fsync_dir(self, path: str) -> None:
         self.dir_fsyncs += 1

@@ -1,8 +1,19 @@
 """The ledger cache: index pages and ledger headers in memory, flushed lazily to index files.
 
 ``put`` only touches memory (the add path); :meth:`LedgerCache.flush` writes every dirty
-page and header and fsyncs them (checkpoint step two, after the entry logs were flushed,
-so an index on disk never points at entry-log bytes that are not durable).
+page and header and makes them durable (checkpoint step two, after the entry logs were
+flushed, so an index on disk never points at entry-log bytes that are not durable).
+
+Syncing a flush (issue #8): with ``syncfs=True`` (the bookie's ``index_flush_syncfs``, the
+default) and a kernel whose ``syncfs`` reports writeback errors (Linux >= 5.8), a flush is
+made durable by one ``syncfs`` per file system holding index directories instead of an
+fsync per written file. The descriptor it goes through is a directory's, opened when the
+cache is made and kept, so every writeback error on that file system since then is
+reported to the flush, which then fails and leaves its pages dirty (as a failed fsync
+does). A checkpoint of 10,000 ledgers with one new entry each took 1.2 s and 0.5 s of the
+machine's CPU with fsyncs, 0.2 s and 0.16 s with syncfs (bench/storage_micro.py,
+"index flush"). The price: a syncfs also writes back whatever else is dirty on that file
+system; on one shared with heavy writers, set ``index_flush_syncfs = false``.
 
 Memory: pages are ``PAGE_BYTES`` each (16 KiB with 1024 entries per page). Clean pages
 are evicted least-recently-used first when the cache holds more than ``bytes_max``. A
@@ -56,7 +67,7 @@ from dataclasses import dataclass
 from zbk import limits
 from zbk.errors import BadRequestError, CorruptDataError
 from zbk.storage import index
-from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk
 from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
 
 log = logging.getLogger(__name__)
@@ -106,7 +117,7 @@ class LedgerCache:
     """Entry id -> location for every ledger of a bookie, and each ledger's header."""
 
     def __init__(self, index_dirs: Sequence[str], bytes_max: int = limits.ledger_cache_bytes_max_default,
-                 disk: Disk = REAL_DISK) -> None:
+                 disk: Disk = REAL_DISK, *, syncfs: bool = True) -> None:
         assert index_dirs, "at least one index directory"
         assert bytes_max >= PAGE_BYTES, "the cache must hold at least one page"
         self._dirs = tuple(index_dirs)
@@ -130,6 +141,19 @@ class LedgerCache:
                     raise CorruptDataError(f"ledger {ledger_id} has two index files (also "
                                            f"{self._ledgers[ledger_id].path})", path=path, offset=0)
                 self._ledgers[ledger_id] = _Ledger(ledger_id, path, on_disk=True)
+        # One directory descriptor per file system of the index directories, for syncfs
+        # (see the module doc): opened now, before any write a flush must cover.
+        self._fs_fds: list[int] = []
+        if syncfs and SYNCFS_REPORTS_ERRORS:
+            devices: set[int] = set()
+            for d in self._dirs:
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                dev = os.fstat(fd).st_dev
+                if dev in devices:
+                    os.close(fd)
+                else:
+                    devices.add(dev)
+                    self._fs_fds.append(fd)
 
     # --- entries -------------------------------------------------------------------------
 
@@ -406,10 +430,11 @@ class LedgerCache:
     # --- flushing and memory -----------------------------------------------------------------
 
     def flush(self) -> int:
-        """Write every dirty page and header, fsync files and directories; returns bytes written.
+        """Write every dirty page and header, make them and new directories durable; returns
+        bytes written.
 
-        Pages stay dirty until every fsync succeeded, so a failed flush can be retried and
-        never loses an update.
+        Pages stay dirty until every fsync (or syncfs) succeeded, so a failed flush can be
+        retried and never loses an update.
         """
         pages_of: dict[int, list[int]] = {ledger_id: [] for ledger_id in self._header_dirty}
         for ledger_id, page_no in sorted(self._dirty):
@@ -424,26 +449,34 @@ class LedgerCache:
         # them: a checkpoint after 40,000 new ledgers must not hold 40,000 pages at once.
         kept: dict[tuple[int, int], Page] = {}
         keep_max = max(0, self._bytes_max - self.cached_bytes) // PAGE_BYTES
-        # Files are written a group at a time, then the group's files fsynced, each through
-        # the descriptor that wrote it (so a writeback error is reported to us and not to a
-        # descriptor opened later; a group is never larger than the descriptor cache, so
-        # none of its descriptors is closed before its fsync). With many dirty ledgers this
-        # lets the file system commit a whole group at once: on ext4 the first fsync of a
-        # group commits the metadata and ordered data of all its files, and the others find
-        # nothing left to commit, instead of one journal commit per ledger (issue #8).
+
+        def write(ledger_id: int) -> int:
+            nonlocal written
+            fd, n = self._write_ledger(self._ledgers[ledger_id], pages_of[ledger_id], deltas_of.get(ledger_id, ()),
+                                       new_dirs, kept, keep_max)
+            written += n
+            return fd
+
         ledger_ids = sorted(pages_of)
-        for at in range(0, len(ledger_ids), _FLUSH_GROUP):
-            group = ledger_ids[at:at + _FLUSH_GROUP]
-            fds: list[tuple[int, int]] = []
-            for ledger_id in group:
-                led = self._ledgers[ledger_id]
-                fd, n = self._write_ledger(led, pages_of[ledger_id], deltas_of.get(ledger_id, ()), new_dirs,
-                                           kept, keep_max)
-                fds.append((ledger_id, fd))
-                written += n
-            for ledger_id, fd in fds:
-                assert self._fds.get(ledger_id) == fd, "an index descriptor was closed before its fsync"
-                self._disk.fsync(fd)
+        if self._fs_fds and ledger_ids:  # one syncfs per file system (see the module doc)
+            for ledger_id in ledger_ids:
+                write(ledger_id)
+            for fs_fd in self._fs_fds:
+                self._disk.syncfs(fs_fd)
+        else:
+            # Files are written a group at a time, then the group's files fsynced, each
+            # through the descriptor that wrote it (so a writeback error is reported to us and
+            # not to a descriptor opened later; a group is never larger than the descriptor
+            # cache, so none of its descriptors is closed before its fsync). With many dirty
+            # ledgers this lets the file system commit a whole group at once: on ext4 the
+            # first fsync of a group commits the metadata and ordered data of all its files,
+            # and the others find nothing left to commit, instead of one journal commit per
+            # ledger (issue #8).
+            for at in range(0, len(ledger_ids), _FLUSH_GROUP):
+                fds = [(ledger_id, write(ledger_id)) for ledger_id in ledger_ids[at:at + _FLUSH_GROUP]]
+                for ledger_id, fd in fds:
+                    assert self._fds.get(ledger_id) == fd, "an index descriptor was closed before its fsync"
+                    self._disk.fsync(fd)
         for d in sorted(new_dirs):
             self._disk.fsync_dir(d)
         self._mark_clean(kept)
@@ -608,6 +641,9 @@ class LedgerCache:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        for fd in self._fs_fds:
+            os.close(fd)
+        self._fs_fds.clear()
 
 
 def _apply(page: Page, delta: dict[int, int]) -> None:
