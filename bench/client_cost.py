@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -84,6 +85,19 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
                                                    "--duration", str(int(seconds))],
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 await asyncio.sleep(0.5)
+            gc_s = [0.0, 0.0, 0.0]  # CPU seconds (this thread) in collections of each generation
+            gc_n = [0, 0, 0]
+            gc_t0 = 0.0
+
+            def gc_timer(phase: str, info: dict[str, int]) -> None:
+                nonlocal gc_t0
+                if phase == "start":
+                    gc_t0 = time.thread_time()
+                else:
+                    gc_s[info["generation"]] += time.thread_time() - gc_t0
+                    gc_n[info["generation"]] += 1
+
+            gc.callbacks.append(gc_timer)
             load = loadavg()
             cpu0, bcpu0 = time.process_time(), sum(cpu_seconds(p) for p in pids)
             t0 = time.perf_counter()
@@ -97,13 +111,18 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
             for _ in range(a.window):
                 await window.acquire()
             elapsed = time.perf_counter() - t0
+            gc.callbacks.remove(gc_timer)
             client_s, bookie_s = time.process_time() - cpu0, sum(cpu_seconds(p) for p in pids) - bcpu0
             for spy in spies:
                 spy.wait()
             lat.sort()
             return {"ledgers": n, "entries_per_s": round(done / elapsed), "client_cpu_s_per_100k": round(client_s / done * 1e5, 2),
                     "bookie_cpu_s_per_100k": round(bookie_s / done * 1e5, 2), "p50_ms": round(pct(lat, 0.5) * 1000, 1),
-                    "p99_ms": round(pct(lat, 0.99) * 1000, 1), "load": load}
+                    "p99_ms": round(pct(lat, 0.99) * 1000, 1), "load": load,
+                    # the client's cyclic GC: collections and seconds per generation, and its
+                    # share of the client's CPU
+                    "gc_collections": gc_n, "gc_s": [round(x, 3) for x in gc_s],
+                    "gc_share_of_client_cpu": round(sum(gc_s) / client_s, 3) if client_s else 0.0}
 
         for n in counts:
             await run(n, 1.0, "")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Set
 from typing import Any
 
 from zbk.client import placement
@@ -42,7 +43,7 @@ class _Placement:
         return placement.choose_ensemble(bookies, size, rng=self.rng)
 
     def choose_replacement(self, bookies: list[BookieRegistration], ensemble: list[str], index: int, *,
-                           exclude: set[str]) -> str:
+                           exclude: Set[str]) -> str:
         return placement.choose_replacement(bookies, ensemble, index, exclude=exclude, rng=self.rng)
 
 

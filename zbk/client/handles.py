@@ -376,15 +376,18 @@ class LedgerHandle(ReadHandle):
         self._rescan = False  # look at every pending entry at the next _collect (ensemble change)
         self._ws_md: LedgerMetadata | None = None  # _write_set's cache
         self._ws_first = 0
-        self._ws_rot: list[_WriteSet] = []
+        self._ws_rot: tuple[_WriteSet, ...] = ()  # tuples of str and int: untracked by the GC
         flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
         self._add_flags = flags | AddFlag.DEFERRED_SYNC if self.deferred_sync else flags
         self._changing = False
-        self._to_replace: set[str] = set()
+        # Not a set, nor a set of tasks below until there is one: with 10,000 open handles
+        # every container per handle is an object each full collection of the cyclic GC
+        # walks (issue #8; empty frozensets and tuples are not tracked).
+        self._to_replace: frozenset[str] = _NO_BOOKIES
         # Ensemble changes since an entry was last confirmed: bounds a writer flapping between
         # bookies that each fail at once (two with failing disks) instead of spinning forever.
         self._changes_without_progress = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] | None = None
         # Set when ``pending`` empties, made only while something waits for that (close,
         # recovery): with many ledgers each entry empties its handle's pending, and an Event
         # set and cleared per entry was a measurable part of the client's CPU (issue #8).
@@ -431,7 +434,7 @@ class LedgerHandle(ReadHandle):
             first, ensemble = md.fragments[-1]
             e = md.ensemble_size
             self._ws_md, self._ws_first = md, first
-            self._ws_rot = [self._bits_of([ensemble[(i + k) % e] for k in range(md.write_quorum)]) for i in range(e)]
+            self._ws_rot = tuple(self._bits_of([ensemble[(i + k) % e] for k in range(md.write_quorum)]) for i in range(e))
         if entry_id >= self._ws_first:
             return self._ws_rot[entry_id % len(self._ws_rot)]
         return self._bits_of(md.write_set(entry_id))
@@ -503,8 +506,11 @@ class LedgerHandle(ReadHandle):
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._tasks
+        if tasks is None:
+            tasks = self._tasks = set()
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def _add_request(self, rid: int, adds: list[_Add]) -> w.AddRequest:
         return w.AddRequest(rid=rid, ledger_id=self.ledger_id, master_key=self.master_key, flags=self._add_flags,
@@ -587,7 +593,7 @@ class LedgerHandle(ReadHandle):
         for a in adds:
             a.sent &= keep
         log.warning("ledger %d: bookie %s failed (%s): ensemble change", self.ledger_id, bookie, why)
-        self._to_replace.add(bookie)
+        self._to_replace |= {bookie}
         if not self._changing:
             self._changing = True
             self._spawn(self._change_ensemble())
@@ -635,7 +641,7 @@ class LedgerHandle(ReadHandle):
         # recovery reads of later entries, and any later recovery, to replacement bookies
         # that never saw the writer's copies: their "no such entry" would truncate acked ones.
         self.md = new_md
-        self._to_replace -= set(replaced)
+        self._to_replace = self._to_replace - set(replaced) or _NO_BOOKIES
         cm.ENSEMBLE_CHANGES.inc()
         log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, first, replaced,
                  [b for b in ensemble if b not in self.md.fragments[0][1]] or ensemble)
@@ -719,6 +725,9 @@ class LedgerHandle(ReadHandle):
                                          f"{errors[0]}")
         self.lac = max(self.lac, target)
         return self.lac
+
+_NO_BOOKIES: frozenset[str] = frozenset()
+
 
 def _blob_size(a: _Add) -> int:
     return len(a.blob)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from zbk.errors import NotEnoughBookiesError
 from zbk.metadata.registry import BookieRegistration
@@ -45,7 +45,7 @@ def choose_ensemble(bookies: Sequence[BookieRegistration], size: int, *, exclude
 
 
 def choose_replacement(bookies: Sequence[BookieRegistration], ensemble: Sequence[str], index: int, *,
-                       exclude: set[str] | None = None, rng: random.Random | None = None) -> str:
+                       exclude: Set[str] | None = None, rng: random.Random | None = None) -> str:
     """A writable bookie not in ``ensemble`` to replace ``ensemble[index]``, preferring a rack
     that differs from its neighbours' racks."""
     rng = rng or random.Random()
