@@ -15,8 +15,9 @@ this one (A/B against the same bookies), e.g. the client before a change:
     .venv/bin/python bench/client_cost.py --counts 1,10000 --rounds 2 --client-root /tmp/zbk-old
 
 ``--profile PREFIX`` records the measured part of every client run with py-spy (the client
-with ``--gil``, bookie-0 per thread, to ``PREFIX...-bookie0.txt``; raw; summarize with
-bench/profile_top.py).
+with ``--gil``; bookie-0 with ``--gil`` per thread, to ``PREFIX...-bookie0.txt``; raw;
+summarize with bench/profile_top.py). Every run also reports the client's cyclic GC:
+collections and CPU seconds per generation, and their share of the client's CPU.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
             spies = []
             if profile:  # the client (--gil) and bookie-0 (per thread)
                 for pid, path, extra in ((os.getpid(), profile, ["--gil"]),
-                                         (pids[0], profile.replace(".txt", "-bookie0.txt"), ["--threads"])):
+                                         (pids[0], profile.replace(".txt", "-bookie0.txt"), ["--gil", "--threads"])):
                     spies.append(subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
                                                    "--format", "raw", *extra, "--rate", "250", "-o", path,
                                                    "--duration", str(int(seconds))],
