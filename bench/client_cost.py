@@ -3,7 +3,8 @@ next to entries/s, for 1 and for many concurrently written ledgers (performance 
 
 3 bookies (loopback, embedded metadata, journal fsynced), E3 WQ3 AQ2 ledgers, 1 KiB
 entries, ``--window`` appends in flight in total, round-robin over N ledgers (as
-``bench/scale.py --only ledgers``). Each measurement runs in a fresh client process after
+``bench/scale.py --only ledgers``). Each measurement runs in a fresh client process, once the
+bookies are idle (so the checkpoint creating the new ledgers' index files is not in it), after
 a 1 s warm-up; CPU is user+system time of the client process and of the three bookie
 processes over the measured seconds (wall-clock rates are noisy on a shared machine; CPU
 per entry much less so).
@@ -36,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, cpu_seconds, install_signal_handlers, loadavg, pct, run_json  # noqa: E402
+from _procs import ZbkCluster, cpu_seconds, install_signal_handlers, loadavg, pct, run_json, wait_idle  # noqa: E402
 
 PASSWORD = b"zbk-client-cost"
 
@@ -125,7 +126,12 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
                     "gc_collections": gc_n, "gc_s": [round(x, 3) for x in gc_s],
                     "gc_share_of_client_cpu": round(sum(gc_s) / client_s, 3) if client_s else 0.0}
 
+        loop = asyncio.get_running_loop()
         for n in counts:
+            # As bench/scale.py: start on idle bookies, so the checkpoint that creates the new
+            # ledgers' index files (creation cost) and the previous run's checkpoint are not
+            # counted in this run.
+            await loop.run_in_executor(None, wait_idle, pids)
             await run(n, 1.0, "")
             r = await run(n, a.seconds, f"{a.profile}-{n}.txt" if a.profile else "")
             print(json.dumps(r), file=sys.stderr, flush=True)
