@@ -609,6 +609,8 @@ def test_a_flush_is_one_syncfs_per_file_system_or_one_fsync_per_file(tmp_path, s
     try:
         disk = FaultyDisk()
         c = LedgerCache(dirs, 1 << 20, disk)
+        assert c.sync_mode == sync_mode
+        assert LedgerCache(dirs, 1 << 20, disk, syncfs=False).sync_mode == "fsync"
         for ledger_id in range(60):
             c.put(ledger_id, 0, loc(ledger_id))
         c.flush()

@@ -178,6 +178,12 @@ class Bookie:
                                    clock=self.clock)
         self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max,
                                  syncfs=self.cfg.index_flush_syncfs)
+        if self.cache.sync_mode == "syncfs":
+            log.info("index: checkpoints are made durable by syncfs of the index file system(s)")
+        else:
+            log.info("index: checkpoints fsync each index file (%s)",
+                     "index_flush_syncfs = false" if not self.cfg.index_flush_syncfs
+                     else "this kernel's syncfs does not report writeback errors")
         replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
         phase_one = closed_lacking = 0

@@ -581,6 +581,11 @@ class LedgerCache:
         return self._bytes_max
 
     @property
+    def sync_mode(self) -> str:
+        """How a flush is made durable, for the boot log: ``syncfs`` or ``fsync``."""
+        return "syncfs" if self._fs_fds else "fsync"
+
+    @property
     def _delta_bytes(self) -> int:
         return len(self._deltas) * DELTA_PAGE_BYTES + self._delta_slots * DELTA_SLOT_BYTES
 
