@@ -726,6 +726,7 @@ class LedgerHandle(ReadHandle):
         self.lac = max(self.lac, target)
         return self.lac
 
+
 _NO_BOOKIES: frozenset[str] = frozenset()
 
 

@@ -4,7 +4,8 @@ Every byte the storage modules must not lose goes through a :class:`Disk`: ``wri
 ``pwrite`` (all bytes or an ``OSError``), ``fsync`` of a file, ``fsync_dir`` after a name
 was created, renamed or removed, ``syncfs`` of a whole file system (the index checkpoint),
 ``write_file_atomic`` (tmp file, fsync, rename, fsync directory: readers see the old or the
-new contents, never a mix), and ``usage`` for the disk checker. Reads go straight to ``os.pread``: a read never needs to survive a crash.
+new contents, never a mix), and ``usage`` for the disk checker. Reads go straight to
+``os.pread``: a read never needs to survive a crash.
 
 :class:`RealDisk` is the only implementation used by a bookie. :class:`FaultyDisk` is a
 test fake that runs out of space after a byte budget (writing the part that fits first,
@@ -19,7 +20,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # collections.abc.Buffer arrives with Python 3.12
     from typing_extensions import Buffer
@@ -58,23 +59,24 @@ class Disk(Protocol):
         """``(used_bytes, total_bytes)`` of the file system holding ``path``."""
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """libc's sync_file_range (Linux), or None."""
+def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """libc's function ``name`` returning an int (errno kept for ctypes.get_errno), or None
+    where libc lacks it."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
 
 
-_sync_file_range = _load_sync_file_range() if sys.platform.startswith("linux") else None
+_sync_file_range = (_libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+                    if sys.platform.startswith("linux") else None)
 _SYNC_FILE_RANGE_WRITE = 2
 
 
-def _load_syncfs() -> Callable[[int], int] | None:
+def _load_syncfs() -> Callable[..., int] | None:
     """libc's syncfs where it reports writeback errors (Linux >= 5.8), else None.
 
     Before 5.8 ``syncfs`` returned 0 even when the kernel had failed to write a page back:
@@ -87,13 +89,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
         return None
     if (major, minor) < (5, 8):
         return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return _libc_function("syncfs", [ctypes.c_int])
 
 
 _syncfs = _load_syncfs() if sys.platform.startswith("linux") else None
@@ -183,7 +179,7 @@ class FaultyDisk(RealDisk):
     ``write_bytes_left``: bytes that may still be written; the write that crosses the
     budget writes what fits, then raises ``OSError(ENOSPC)`` (``None``: unlimited).
     ``fail_fsync`` / ``fail_fsync_dir``: every (directory) fsync raises ``OSError(EIO)``
-(``fail_fsync``: every syncfs too).
+    (``fail_fsync``: every syncfs too).
     ``usage_result``: what :meth:`usage` answers instead of the real file system.
     Counters let tests check group commit (one write and one fsync per batch).
     """

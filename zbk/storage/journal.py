@@ -182,10 +182,15 @@ def segment_name(segment_id: int) -> str:
 
 def list_segments(directory: str) -> list[int]:
     """Segment ids present in ``directory``, ascending (other files are ignored)."""
+    return _ids_named(directory, SEGMENT_SUFFIX)
+
+
+def _ids_named(directory: str, suffix: str) -> list[int]:
+    """The ids of the files ``<16 hex digits><suffix>`` in ``directory``, ascending."""
     ids = []
     for name in os.listdir(directory):
         stem, dot, ext = name.partition(".")
-        if dot and "." + ext == SEGMENT_SUFFIX and len(stem) == 16:
+        if dot and "." + ext == suffix and len(stem) == 16:
             try:
                 ids.append(int(stem, 16))
             except ValueError:
@@ -232,16 +237,7 @@ def _batch_record(segment_id: int, synced_upto: int, seed: int) -> bytes:
 
 def list_free(directory: str) -> list[int]:
     """Ids of the retired segments kept for reuse in ``directory`` (``<id>.jnl.free``), ascending."""
-    ids = []
-    for name in os.listdir(directory):
-        if name.endswith(SEGMENT_SUFFIX + FREE_SUFFIX):
-            stem = name[: -len(SEGMENT_SUFFIX + FREE_SUFFIX)]
-            if len(stem) == 16:
-                try:
-                    ids.append(int(stem, 16))
-                except ValueError:
-                    continue
-    return sorted(ids)
+    return _ids_named(directory, SEGMENT_SUFFIX + FREE_SUFFIX)
 
 
 class JournalWriter:
