@@ -131,6 +131,13 @@ def wait_idle(pids: list[int], cores_below: float = 0.15, quiet_s: float = 12.0,
     return time.monotonic() - t0
 
 
+def machine_cpu_ticks() -> list[int]:
+    """The whole machine's CPU time since boot by kind, in clock ticks (the ``cpu`` line of
+    /proc/stat: user, nice, system, idle, iowait, irq, softirq, steal, ...)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def loadavg() -> str:
     """`uptime`'s load averages (1, 5, 15 min), as recorded next to each figure."""
     one, five, fifteen = os.getloadavg()

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, cpu_seconds, git_rev, install_signal_handlers, median_range  # noqa: E402
+from _procs import ZbkCluster, cpu_seconds, git_rev, install_signal_handlers, machine_cpu_ticks, median_range  # noqa: E402
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -41,11 +41,6 @@ def _env(tree: str) -> dict[str, str]:
     if tree:
         env["PYTHONPATH"] = str(Path(tree).resolve())
     return env
-
-
-def _cpu_split() -> list[int]:
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:]]
 
 
 def _start(settings: dict[str, str], tree: str) -> ZbkCluster:
@@ -64,12 +59,12 @@ def _start(settings: dict[str, str], tree: str) -> ZbkCluster:
 
 def _run(cluster: ZbkCluster, tree: str, args: argparse.Namespace) -> dict[str, Any]:
     pids = [b.pid for b in cluster.bookies]
-    cpu0, split0 = sum(cpu_seconds(p) for p in pids), _cpu_split()
+    cpu0, split0 = sum(cpu_seconds(p) for p in pids), machine_cpu_ticks()
     out = subprocess.run([sys.executable, "-m", "zbk.cli.main", "bench", "--metadata", cluster.metadata,
                           "--seconds", str(args.seconds), "--window", str(args.window), "--entry-size",
                           str(args.size), "--json"], capture_output=True, text=True, env=_env(tree),
                          timeout=args.seconds + 120)
-    cpu1, split1 = sum(cpu_seconds(p) for p in pids), _cpu_split()
+    cpu1, split1 = sum(cpu_seconds(p) for p in pids), machine_cpu_ticks()
     if out.returncode != 0:
         raise RuntimeError(f"zbk bench failed ({out.returncode}):\n{out.stderr[-2000:]}")
     rep: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])

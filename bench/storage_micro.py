@@ -17,9 +17,14 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _procs import machine_cpu_ticks  # noqa: E402
 
 from zbk.storage.disk import SYNCFS_REPORTS_ERRORS
 from zbk.storage.entrylog import EntryLogWriter
@@ -124,8 +129,7 @@ def bench_cache(root: str, n: int) -> None:
 
 def _machine_busy_s() -> float:
     """CPU seconds the whole machine spent busy since boot (/proc/stat, all CPUs)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
+    ticks = machine_cpu_ticks()
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
 
 
