@@ -53,8 +53,9 @@ def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
     return out
 
 
-def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_s: float = 0.0) -> dict[str, Any]:
-    with ZbkCluster(3) as zc:
+def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_s: float = 0.0,
+            settings: dict[str, str] | None = None) -> dict[str, Any]:
+    with ZbkCluster(3, settings=settings or {}) as zc:
         pids = [b.pid for b in zc.bookies]
         argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.py"), "--worker",
                 "multi", "--metadata", zc.metadata, "--pids", ",".join(map(str, pids)), "--counts", str(n),
@@ -147,6 +148,7 @@ def main() -> int:
     ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
                     help="after the CPU sample, count bookie-0's system calls per thread for this long")
     ap.add_argument("--sample-seconds", type=float, default=15.0, help="CPU sampled over this much of the run")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="bookie config override")
     a = ap.parse_args()
     if a.sample_seconds + a.strace + 4 > a.seconds:
         ap.error("--sample-seconds (plus --strace) must leave at least 4 s of the run around it")
@@ -155,7 +157,8 @@ def main() -> int:
     install_signal_handlers(max_seconds=900)
     results = []
     for n in a.ledgers or [1, 10_000]:
-        r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace)
+        r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace, dict(kv.split("=", 1) for kv in a.set))
+        r["settings"] = a.set
         results.append(r)
         print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system):")
         for proc, rows in r["threads"].items():

@@ -88,6 +88,9 @@ class BookieConfig:
     # directories rather than an fsync per index file written (zbk/storage/ledgercache.py,
     # "Syncing a flush"; only where syncfs reports writeback errors, Linux >= 5.8).
     index_flush_syncfs: bool = True
+    # Index files kept open (least recently used closed first); the bookie takes fewer when
+    # its descriptor limit (RLIMIT_NOFILE, raised to the hard limit at start) leaves less.
+    index_files_open_max: int = limits.index_files_open_max_default
     flush_interval_ms: int = 10_000
     gc_wait_time_ms: int = 60_000
     minor_compaction_threshold: float = 0.2
@@ -150,6 +153,7 @@ class BookieConfig:
         _non_negative("flush_entry_log_bytes", cfg.flush_entry_log_bytes)
         _non_negative("entry_log_keep_cached_mb", cfg.entry_log_keep_cached_mb)
         _positive("entry_logs_open_max", cfg.entry_logs_open_max)
+        _positive("index_files_open_max", cfg.index_files_open_max)
         _positive("entry_log_expire_after_access_s", cfg.entry_log_expire_after_access_s)
         _positive("ledger_cache_bytes_max", cfg.ledger_cache_bytes_max)
         _positive("flush_interval_ms", cfg.flush_interval_ms)

@@ -185,14 +185,15 @@ def test_concurrent_writers_and_readers_see_acked_entries(bookies):
     assert bk.stop() == 0
 
 
-@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "fsync"])
-def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledgers(bookies, syncfs):
+@pytest.mark.parametrize(("syncfs", "files_open"), [(True, 20_000), (False, 100)], ids=["syncfs", "fsync-100-open"])
+def test_acked_multi_adds_survive_kill9_after_checkpoints_with_many_dirty_ledgers(bookies, syncfs, files_open):
     """MULTI_ADD over 600 ledgers (more than one group of index files flushed before their
-    fsyncs, see LedgerCache.flush; or one syncfs): checkpoints run with hundreds of dirty
-    ledgers (new index files, then rewritten pages), the journal before their marks is
-    deleted, and after a kill -9 in the middle of more adds every acknowledged entry is read
-    back."""
-    bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1, "index_flush_syncfs": syncfs})
+    fsyncs, see LedgerCache.flush, with only 100 index files kept open; or one syncfs, all
+    kept open): checkpoints run with hundreds of dirty ledgers (new index files, then
+    rewritten pages), the journal before their marks is deleted, and after a kill -9 in the
+    middle of more adds every acknowledged entry is read back."""
+    bk = bookies(settings={"flush_interval_ms": 200, "journal_max_size_mb": 1, "index_flush_syncfs": syncfs,
+                           "index_files_open_max": files_open})
     bk.start()
     multi_adds_through_checkpoints_then_kill9(bk, list(range(1000, 1600)), rounds=4)
 

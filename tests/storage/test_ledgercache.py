@@ -10,7 +10,7 @@ import pytest
 
 from zbk.errors import BadRequestError, CorruptDataError
 from zbk.storage import index, ledgercache
-from zbk.storage.disk import SYNCFS_REPORTS_ERRORS, FaultyDisk
+from zbk.storage.disk import SYNCFS_REPORTS_ERRORS, FaultyDisk, raise_open_files_limit
 from zbk.storage.entrylog import make_location
 from zbk.storage.index import HEADER_BYTES, PAGE_BYTES, PAGE_ENTRIES, SLOT_BYTES, index_path
 from zbk.storage.ledgercache import DELTA_PAGE_BYTES, DELTA_SLOT_BYTES, LedgerCache
@@ -637,7 +637,7 @@ def test_a_failed_syncfs_keeps_every_ledger_dirty(tmp_path, sync_mode):
     the flush's sync leaves all of them dirty, and the retry makes all of them durable."""
     d = str(tmp_path)
     disk = FaultyDisk()
-    c = LedgerCache([d], 64 << 20, disk)
+    c = LedgerCache([d], 64 << 20, disk, files_open_max=300)
     n = 1500
     for ledger_id in range(n):
         c.put(ledger_id, 0, loc(ledger_id))
@@ -648,3 +648,54 @@ def test_a_failed_syncfs_keeps_every_ledger_dirty(tmp_path, sync_mode):
     c = LedgerCache([d], 1 << 20)
     assert all(c.get(ledger_id, 1) == loc(ledger_id + 1) for ledger_id in range(n))
     c.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_index_descriptors_kept_open_are_bounded(tmp_path):
+    """At most ``files_open_max`` index files stay open, the least recently used closed
+    first; writes, flushes and reads of ledgers beyond that still land (re-opened), and a
+    cache of 3,000 keeps every one of 2,000 ledgers open (a checkpoint of them re-opens
+    none) where the descriptor limit allows."""
+    d = str(tmp_path / "small")
+    before = _open_fds()
+    c = LedgerCache([d], 64 << 20, files_open_max=25)
+    assert c.files_open_max == 25
+    for round_ in range(3):
+        for ledger_id in range(200):
+            c.put(ledger_id, round_, loc(ledger_id + round_))
+        c.flush()
+        assert _open_fds() - before <= 25 + 1  # + the directory descriptor for syncfs
+    assert all(c.get(ledger_id, e) == loc(ledger_id + e) for ledger_id in range(200) for e in range(3))
+    c.close()
+    assert _open_fds() == before
+    c = LedgerCache([d], 64 << 20)
+    assert all(c.get(ledger_id, 2) == loc(ledger_id + 2) for ledger_id in range(200))
+    c.close()
+
+    if raise_open_files_limit() < 4096:
+        return
+    d = str(tmp_path / "many")
+    c = LedgerCache([d], 64 << 20, files_open_max=3000)
+    for ledger_id in range(2000):
+        c.put(ledger_id, 0, loc(ledger_id))
+    c.flush()
+    assert _open_fds() - before >= 2000
+    c.close()
+    assert _open_fds() == before
+
+
+def test_raise_open_files_limit_reaches_the_hard_limit():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    got = raise_open_files_limit()
+    assert got >= soft
+    now_soft, now_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert now_hard == hard
+    assert now_soft in (got, resource.RLIM_INFINITY)
+    if hard != resource.RLIM_INFINITY:
+        assert now_soft == hard

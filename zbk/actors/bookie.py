@@ -58,6 +58,7 @@ from zbk.metadata.uri import open_store
 from zbk.metrics.http import AdminHttpServer
 from zbk.storage import cookie as cookies
 from zbk.storage import markers
+from zbk.storage.disk import raise_open_files_limit
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -106,6 +107,20 @@ class Bookie:
     # -- boot ---------------------------------------------------------------------------------
     def _all_dirs(self) -> list[str]:
         return list(dict.fromkeys([*self.cfg.journal_dirs, *self.cfg.ledger_dirs, *self.cfg.index_dirs]))
+
+    def _index_files_open_max(self) -> int:
+        """``index_files_open_max``, or fewer when the descriptor limit (raised to the hard
+        limit first) leaves less beside ``limits.fds_reserved`` and the entry logs."""
+        want = self.cfg.index_files_open_max
+        soft = raise_open_files_limit()
+        n = max(16, min(want, soft - limits.fds_reserved - self.cfg.entry_logs_open_max))
+        if n < want:
+            log.warning("index: keeping at most %d index files open, not %d: the open-files limit is %d "
+                        "(raise it, ulimit -n / LimitNOFILE, to spare a checkpoint re-opening files)",
+                        n, want, soft)
+        else:
+            log.info("index: keeping up to %d index files open (open-files limit %d)", n, soft)
+        return n
 
     def _check_cookies(self) -> bool:
         """Returns True when phase one is needed (cookie fixed, or brand-new directories);
@@ -177,7 +192,7 @@ class Bookie:
                                    expire_after_access_s=self.cfg.entry_log_expire_after_access_s,
                                    clock=self.clock)
         self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max,
-                                 syncfs=self.cfg.index_flush_syncfs)
+                                 syncfs=self.cfg.index_flush_syncfs, files_open_max=self._index_files_open_max())
         if self.cache.sync_mode == "syncfs":
             log.info("index: checkpoints are made durable by syncfs of the index file system(s)")
         else:

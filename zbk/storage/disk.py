@@ -97,6 +97,26 @@ SYNCFS_REPORTS_ERRORS = _syncfs is not None
 """True where :meth:`RealDisk.syncfs` exists and reports writeback errors (Linux >= 5.8)."""
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open descriptors (``RLIMIT_NOFILE``) to its hard
+    limit, as a bookie that keeps thousands of index files open needs (many systems start
+    processes at a soft 1,024 under a far higher hard limit); returns the soft limit in
+    force afterwards (unchanged where raising it is refused)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 class RealDisk:
     """The operating system, with the write loops and fsyncs that durability needs."""
 

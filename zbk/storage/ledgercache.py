@@ -72,8 +72,11 @@ from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
 
 log = logging.getLogger(__name__)
 
-_FDS_MAX = 1024  # index file descriptors kept open (LRU)
-_FLUSH_GROUP = 512  # files written before their fsyncs in a flush (<= _FDS_MAX, see flush)
+_FLUSH_GROUP = 512  # files written before their fsyncs in a flush (at most the descriptors kept, see flush)
+# Index file descriptors kept open (LRU) unless told otherwise: what a process under the
+# common soft limit of 1,024 can spare. The bookie passes more (its index_files_open_max,
+# within its raised limit): a checkpoint re-opens every dirty ledger's file beyond these.
+FILES_OPEN_MAX_DEFAULT = 1024
 # Memory charged to deltas (see the module doc), above their Python size on CPython 3.11
 # (tracemalloc: about 330 bytes per page with a delta, for its dict, key tuple and entry in
 # the table of deltas; about 90 bytes per slot held, for the dict entry and two ints).
@@ -117,9 +120,13 @@ class LedgerCache:
     """Entry id -> location for every ledger of a bookie, and each ledger's header."""
 
     def __init__(self, index_dirs: Sequence[str], bytes_max: int = limits.ledger_cache_bytes_max_default,
-                 disk: Disk = REAL_DISK, *, syncfs: bool = True) -> None:
+                 disk: Disk = REAL_DISK, *, syncfs: bool = True,
+                 files_open_max: int = FILES_OPEN_MAX_DEFAULT) -> None:
         assert index_dirs, "at least one index directory"
         assert bytes_max >= PAGE_BYTES, "the cache must hold at least one page"
+        assert files_open_max >= 1, "at least one index file descriptor"
+        self._fds_max = files_open_max
+        self._flush_group = min(_FLUSH_GROUP, files_open_max)
         self._dirs = tuple(index_dirs)
         self._bytes_max = bytes_max
         self._disk = disk
@@ -472,8 +479,9 @@ class LedgerCache:
             # first fsync of a group commits the metadata and ordered data of all its files,
             # and the others find nothing left to commit, instead of one journal commit per
             # ledger (issue #8).
-            for at in range(0, len(ledger_ids), _FLUSH_GROUP):
-                fds = [(ledger_id, write(ledger_id)) for ledger_id in ledger_ids[at:at + _FLUSH_GROUP]]
+            group = self._flush_group
+            for at in range(0, len(ledger_ids), group):
+                fds = [(ledger_id, write(ledger_id)) for ledger_id in ledger_ids[at:at + group]]
                 for ledger_id, fd in fds:
                     assert self._fds.get(ledger_id) == fd, "an index descriptor was closed before its fsync"
                     self._disk.fsync(fd)
@@ -581,6 +589,11 @@ class LedgerCache:
         return self._bytes_max
 
     @property
+    def files_open_max(self) -> int:
+        """Index file descriptors kept open at most (least recently used closed first)."""
+        return self._fds_max
+
+    @property
     def sync_mode(self) -> str:
         """How a flush is made durable, for the boot log: ``syncfs`` or ``fsync``."""
         return "syncfs" if self._fs_fds else "fsync"
@@ -638,7 +651,7 @@ class LedgerCache:
 
     def _remember_fd(self, ledger_id: int, fd: int) -> None:
         self._fds[ledger_id] = fd
-        if len(self._fds) > _FDS_MAX:
+        if len(self._fds) > self._fds_max:
             os.close(self._fds.popitem(last=False)[1])
 
     def close(self) -> None:
