@@ -699,3 +699,43 @@ def test_raise_open_files_limit_reaches_the_hard_limit():
     assert now_soft in (got, resource.RLIM_INFINITY)
     if hard != resource.RLIM_INFINITY:
         assert now_soft == hard
+
+
+def test_put_many_is_a_put_each(tmp_path, rng):
+    """put_many (the IndexPut path) and a put per entry leave the same cache, through new
+    ledgers, new pages, deltas over pages in the file, changed ranges of cached pages, dense
+    new pages, a small budget's evictions, and flushes in between; and the same files."""
+    caches = [LedgerCache([str(tmp_path / name)], 24 * PAGE_BYTES) for name in ("one", "many")]
+    next_eid: dict[int, int] = {}
+    for round_ in range(6):
+        lids, eids, locs = [], [], []
+        for _ in range(rng.randrange(200, 1500)):
+            lid = rng.randrange(1, 40) if rng.random() < 0.75 else 7  # ledger 7: dense pages
+            eid = next_eid.get(lid, 0) if rng.random() < 0.9 else rng.randrange(0, 3000)
+            next_eid[lid] = max(next_eid.get(lid, 0), eid + 1)
+            lids.append(lid)
+            eids.append(eid)
+            locs.append(loc(eid + round_))
+        for lid, eid, location in zip(lids, eids, locs, strict=True):
+            caches[0].put(lid, eid, location)
+        caches[1].put_many(lids, eids, locs)
+        one, many = caches
+        assert (one.dirty_bytes, one.cached_bytes) == (many.dirty_bytes, many.cached_bytes)
+        for lid in range(1, 40):
+            assert one.last_entry_id(lid) == many.last_entry_id(lid)
+        if round_ % 2:
+            assert one.flush() == many.flush()
+        if round_ in (2, 4):  # reads merge deltas into pages: the same ones in both
+            for lid in range(1, 40, 3):
+                assert one.get_range(lid, 0, 3000) == many.get_range(lid, 0, 3000)
+    for c in caches:
+        c.flush()
+        c.close()
+    reopened = [LedgerCache([str(tmp_path / name)], 24 * PAGE_BYTES) for name in ("one", "many")]
+    for lid in range(1, 40):
+        assert reopened[0].entry_ids(lid) == reopened[1].entry_ids(lid)
+        assert reopened[0].get_range(lid, 0, 3000) == reopened[1].get_range(lid, 0, 3000)
+    for c in reopened:
+        c.close()
+    with pytest.raises(ValueError):
+        LedgerCache([str(tmp_path / "x")]).put_many([1, 2], [0], [loc(0)])

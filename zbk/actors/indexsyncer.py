@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from zbk.actors.base import Outbox
@@ -65,13 +66,9 @@ class IndexCore:
         assert self.outbox is not None
         cache = self.cache
         if isinstance(msg, IndexPut):
-            put, lid = cache.put, msg.ledger_id
-            if msg.ledger_ids is None:
-                for eid, loc in zip(msg.entry_ids, msg.locations, strict=True):
-                    put(lid, eid, loc)
-            else:  # MULTI_ADD: several ledgers' entries in one put
-                for lid, eid, loc in zip(msg.ledger_ids, msg.entry_ids, msg.locations, strict=True):
-                    put(lid, eid, loc)
+            # MULTI_ADD: several ledgers' entries in one put
+            lids = repeat(msg.ledger_id, len(msg.entry_ids)) if msg.ledger_ids is None else msg.ledger_ids
+            cache.put_many(lids, msg.entry_ids, msg.locations)
             if cache.needs_flush:
                 self.start_checkpoint(now)
                 if not self.pressure and cache.dirty_bytes >= self.dirty_hard_bytes:

@@ -61,7 +61,7 @@ import array
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from zbk import limits
@@ -191,6 +191,45 @@ class LedgerCache:
         led = self._ledgers[ledger_id]
         if entry_id > led.max_put:
             led.max_put = entry_id
+
+    def put_many(self, ledger_ids: Iterable[int], entry_ids: Iterable[int], locations: Iterable[int]) -> None:
+        """:meth:`put` of each (ledger id, entry id, location), in order: an IndexPut's
+        entries (a MULTI_ADD's are of as many ledgers as entries). The same effect as a
+        put each, with the look-ups the puts share done once (issue #8)."""
+        dirty_get, deltas, ranges_get, ledgers = self._dirty.get, self._deltas, self._ranges.get, self._ledgers
+        new_deltas = self._new_deltas
+        for ledger_id, entry_id, location in zip(ledger_ids, entry_ids, locations, strict=True):
+            assert entry_id >= 0 and location > 0
+            key = (ledger_id, entry_id // PAGE_ENTRIES)
+            page = dirty_get(key)
+            if page is None:
+                delta = deltas.get(key)
+                if delta is None:
+                    page = self._make_dirty(key)
+                    if page is None:
+                        delta = deltas[key]
+                if delta is not None:  # see put
+                    if entry_id not in delta:
+                        self._delta_slots += 1
+                    delta[entry_id] = location
+                    if len(delta) > _NEW_PAGE_DELTA_SLOTS_MAX and key in new_deltas:
+                        self._merge_delta(key)
+                    led = ledgers[ledger_id]
+                    if entry_id > led.max_put:
+                        led.max_put = entry_id
+                    continue
+            i = (entry_id % PAGE_ENTRIES) * 2
+            page[i] = location
+            page[i + 1] = location ^ entry_id ^ SLOT_KEY
+            r = ranges_get(key)
+            if r is not None:
+                if i < r[0]:
+                    r[0] = i
+                if i > r[1]:
+                    r[1] = i
+            led = ledgers[ledger_id]
+            if entry_id > led.max_put:
+                led.max_put = entry_id
 
     def _make_dirty(self, key: tuple[int, int]) -> Page | None:
         """The key's page, now dirty; None when a delta was started for it instead."""
