@@ -271,3 +271,56 @@ def test_held_index_updates_go_out_at_the_bound():
         n += 512
     puts = out.take("index", IndexPut)
     assert len(puts) == 1 and puts[0].entry_ids == list(range(n)) and core.held_puts == []
+
+
+def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them():
+    """With thousands of ledgers every part holds one entry of a ledger the bookie knows: the
+    Server takes those on a fast path. Each check of ADD_ENTRY still applies to them: a wrong
+    key, a blob of another ledger or a garbled one, a fenced ledger (recovery adds
+    pass), read-only; and the ack waits for the fsync unless every accepted part is
+    DEFERRED_SYNC. Every status is compared with that of the same part sent alone."""
+    good = len(blob(1, 0))
+    cases = [
+        part(1, range(0, 1)),  # fine
+        part(1, range(1, 2), key=WRONG),  # EUA
+        w.AddRequest(rid=0, ledger_id=1, master_key=KEY, flags=PLAIN, entries=[blob(4, 0)]),  # EBADREQ
+        w.AddRequest(rid=0, ledger_id=1, master_key=KEY, flags=PLAIN, entries=[b"\x01" * good]),  # EBADREQ
+        part(2, range(0, 1)),  # fenced: EFENCED
+        part(2, range(0, 1), flags=AddFlag.RECOVERY_ADD),  # recovery add: EOK
+        part(1, range(1, 2), flags=AddFlag.DEFERRED_SYNC),  # EOK
+    ]
+    alone: list[Status] = []
+    for c in cases:
+        core, out, replies = make()
+        acks: list[Any] = []
+        core.reply = lambda ident, frames, acks=acks: acks.append(decode_response([bytes(f) for f in frames]))
+        core.on_request(b"peer", encode(w.AddRequest(rid=3, ledger_id=c.ledger_id, master_key=c.master_key,
+                                                     flags=c.flags, entries=c.entries)), 0.0)
+        for ab in out.take("entrylogger", AppendBatch):
+            core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1], ledger_ids=ab.ledger_ids), 0.0)
+            core.on_message(Synced([ab.batch_id]), 0.0)
+        alone.append(acks[0].status)
+    assert alone == [Status.EOK, Status.EUA, Status.EBADREQ, Status.EBADREQ, Status.EFENCED, Status.EOK, Status.EOK]
+
+    core, out, replies = make()
+    multi(core, cases)
+    ab = out.take("entrylogger", AppendBatch)[0]
+    assert ab.ledger_ids == [1, 2, 1] and ab.entry_ids == [0, 0, 1]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2, 3], ledger_ids=ab.ledger_ids), 0.0)
+    assert replies == []  # the plain parts wait for the fsync
+    core.on_message(Synced([ab.batch_id]), 0.0)
+    assert replies[0][1] == alone
+    assert core.ledgers[1].last_entry_id == 1 and core.ledgers[1].lac == 0
+
+    # Only DEFERRED_SYNC parts: acknowledged once appended, as an ADD_ENTRY of them would be.
+    core, out, replies = make()
+    multi(core, [part(1, range(0, 1), flags=AddFlag.DEFERRED_SYNC), part(1, range(1, 2), flags=AddFlag.DEFERRED_SYNC)])
+    ab = out.take("entrylogger", AppendBatch)[0]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    assert replies and replies[0][1] == [Status.EOK, Status.EOK]
+
+    # Read-only: every part refused, the fast path included.
+    core, out, replies = make()
+    core.set_forced_read_only(True)
+    multi(core, [part(1, range(0, 1)), part(1, range(1, 2))])
+    assert replies[0][1] == [Status.EREADONLY, Status.EREADONLY] and out.take("entrylogger") == []

@@ -206,9 +206,9 @@ class LedgerCache:
                 delta = deltas.get(key)
                 if delta is None:
                     page = self._make_dirty(key)
-                    if page is None:
-                        delta = deltas[key]
-                if delta is not None:  # see put
+                if page is None:  # a delta (see put)
+                    if delta is None:
+                        delta = deltas[key]  # just started by _make_dirty
                     if entry_id not in delta:
                         self._delta_slots += 1
                     delta[entry_id] = location
