@@ -445,6 +445,9 @@ def test_encode_multi_add_statuses_is_the_encoding_of_the_response():
         assert [bytes(f) for f in frames] == [bytes(f) for f in want]
         resp = decode_response(frames)
         assert isinstance(resp, MultiAddResponse) and list(resp.statuses) == statuses and resp.rid == rid
+        assert all(type(s) is Status for s in resp.statuses)  # all-EOK answers take a shortcut
+    with pytest.raises(FrameError, match="status code"):
+        decode_response(encode_multi_add_statuses(5, bytearray([0, 0, 250])))
 
 
 @given(st.integers(0, I64_MAX), st.binary(min_size=32, max_size=32), st.sampled_from(list(AddFlag)),

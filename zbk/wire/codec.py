@@ -585,7 +585,10 @@ def _dec_multi_add_response(h: dict[str, Any], frames: Sequence[Blob]) -> MultiA
     raw = bytes(frames[1])
     if not 1 <= len(raw) <= limits.ledgers_per_multi_add_max:
         raise _Invalid(f"expected 1..{limits.ledgers_per_multi_add_max} part statuses, got {len(raw)}")
-    statuses = tuple(_status(b) for b in raw)
+    if raw.count(0) == len(raw):  # every part EOK (Status.EOK is 0): the common answer
+        statuses: tuple[Status, ...] = (Status.EOK,) * len(raw)
+    else:
+        statuses = tuple(_status(b) for b in raw)
     return MultiAddResponse(rid=h["rid"], status=_status(h["st"]), statuses=statuses)
 
 
