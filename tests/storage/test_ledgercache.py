@@ -343,10 +343,12 @@ def test_reads_of_a_page_with_a_delta_see_disk_and_delta(tmp_path):
     assert c.dirty_bytes < PAGE_BYTES
     expected = [loc(e + 4) for e in range(12)]
     expected[2] = loc(50)
-    assert c.get_range(4, 0, 13) == expected + [None]  # the delta is merged: a dirty page now
-    assert c.dirty_bytes == PAGE_BYTES
+    assert c.get_range(4, 0, 13) == expected + [None]  # the delta is merged: a dirty page now,
+    # equal to the file outside the delta's slots (2..11): a changed range, which the cache
+    # could turn back into a delta (counted so in dirty_bytes), written in place
+    assert (c.dirty_bytes, c.cached_bytes) == (DELTA_PAGE_BYTES, PAGE_BYTES)
     c.put(4, 12, loc(16))
-    assert c.flush() == PAGE_BYTES
+    assert c.flush() == (12 - 2 + 1) * SLOT_BYTES
     c.close()
     c = LedgerCache([d], 1 << 20)
     assert c.get_range(4, 0, 14) == [*expected, loc(16), None]
@@ -739,3 +741,62 @@ def test_put_many_is_a_put_each(tmp_path, rng):
         c.close()
     with pytest.raises(ValueError):
         LedgerCache([str(tmp_path / "x")]).put_many([1, 2], [0], [loc(0)])
+
+
+def test_dirty_ranges_become_deltas_when_the_cache_needs_room_instead_of_a_checkpoint(tmp_path):
+    """Many ledgers written a few entries at a time (issue #8): the cache holds 8 pages, all
+    those cached clean after a flush; puts make them dirty with changed ranges, and puts to 40 other
+    ledgers need room. The ranges turn into deltas (oldest first) rather than filling the
+    cache with dirty pages: the budget holds, no flush is asked for, a flush writes only the
+    changed slots, and every slot reads back, from the cache and after reopening."""
+    d = str(tmp_path)
+    disk = CountingDisk()
+    c = LedgerCache([d], 8 * PAGE_BYTES, disk)
+    for lid in range(48):
+        for e in range(4):
+            c.put(lid, e, loc(lid + e))
+    c.flush()  # 48 new pages written whole; those the cache had room for stay cached
+    cached = [lid for lid in range(48) if (lid, 0) in c._clean]
+    assert len(cached) >= 4
+    for rnd in range(3):
+        for lid in cached:  # ranges first: they are the oldest dirty pages
+            c.put(lid, 4 + rnd, loc(lid + 4 + rnd))
+        assert c.dirty_bytes < c.bytes_max // 4
+        for lid in range(48):
+            if lid not in cached:
+                c.put(lid, 4 + rnd, loc(lid + 4 + rnd))
+        assert c.cached_bytes <= c.bytes_max and not c.needs_flush
+        assert all(c.get(lid, e) == loc(lid + e) for lid in range(48) for e in range(5 + rnd))
+    disk.pwrites.clear()
+    written = c.flush()
+    assert written < 48 * PAGE_BYTES // 4  # slots in place, no whole pages
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert all(c.get_range(lid, 0, 8) == [*(loc(lid + e) for e in range(7)), None] for lid in range(48))
+    c.close()
+
+
+def test_a_dirty_range_turned_into_a_delta_leaves_a_damaged_slot_damaged(tmp_path):
+    """A page read from its file with a damaged slot, then changed around that slot: when the
+    cache turns the changed range into a delta, it takes only sound slots, so the flush does
+    not write the damaged location back under a fresh check word (it would pass for sound)."""
+    d = str(tmp_path)
+    c = LedgerCache([d], 1 << 20)
+    for e in range(10):
+        c.put(1, e, loc(e))
+    c.flush()
+    c.close()
+    flip_byte(index_path(d, 1), HEADER_BYTES + 5 * SLOT_BYTES + 1)
+    c = LedgerCache([d], PAGE_BYTES)  # room for one page
+    assert c.get(1, 4) == loc(4)  # page 0 cached clean, damaged slot 5 and all
+    c.put(1, 3, loc(30))
+    c.put(1, 7, loc(70))  # the changed range spans slot 5
+    c.put(2, 0, loc(0))  # needs room: page 0 of ledger 1 becomes a delta
+    assert (1, 0) not in c._dirty and c._deltas[(1, 0)] == {3: loc(30), 4: loc(4), 6: loc(6), 7: loc(70)}
+    c.flush()
+    c.close()
+    c = LedgerCache([d], 1 << 20)
+    assert [c.get(1, e) for e in (3, 4, 6, 7, 8)] == [loc(30), loc(4), loc(6), loc(70), loc(8)]
+    with pytest.raises(CorruptDataError):
+        c.get(1, 5)
+    c.close()
