@@ -324,3 +324,25 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them()
     core.set_forced_read_only(True)
     multi(core, [part(1, range(0, 1)), part(1, range(1, 2))])
     assert replies[0][1] == [Status.EREADONLY, Status.EREADONLY] and out.take("entrylogger") == []
+
+
+def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it():
+    """A long poll on ledger 1 waits for a LAC above 0; a MULTI_ADD whose part carries LAC 1
+    (entry 2) starts its read once acknowledged, and one carrying LAC 0 does not."""
+    from zbk.actors.messages import Lookup
+    from zbk.wire.ops import ReadFlag
+
+    core, out, replies = make()
+    core.ledgers[1].lac = 0
+    core.on_request(b"reader", encode(w.ReadRequest(rid=5, ledger_id=1, first_entry_id=1, count=1,
+                                                    flags=ReadFlag.LONG_POLL, previous_lac=0,
+                                                    timeout_ms=10_000)), 0.0)
+    assert core.long_polls == 1 and out.take("index", Lookup) == []
+    for eids, woken in ((range(1, 2), False), (range(2, 3), True)):  # LACs 0, then 1
+        multi(core, [part(1, eids), part(4, range(0, 1))])
+        ab = out.take("entrylogger", AppendBatch)[0]
+        core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+        core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
+        assert [lk.ledger_id for lk in out.take("index", Lookup)] == ([1] if woken else [])
+        assert core.long_polls == (0 if woken else 1)
+    assert core.ledgers[1].lac == 1 and core.ledgers[1].last_entry_id == 2

@@ -533,15 +533,19 @@ class ServerCore:
         status = p.failed or Status.EOK
         code, ok = int(status), status == Status.EOK
         statuses, ledgers = p.statuses, self.ledgers
-        for i, lid, entry_ids, max_lac in p.parts:
-            statuses[i] = code
-            if ok:
+        if ok:  # the accepted parts' statuses are EOK (0) already
+            for _, lid, entry_ids, max_lac in p.parts:
                 state = ledgers[lid]
-                last = max(entry_ids)
+                last = entry_ids[0] if len(entry_ids) == 1 else max(entry_ids)
                 if last > state.last_entry_id:
                     state.last_entry_id = last
                 if max_lac > state.lac:
-                    self._advance_lac(lid, state, max_lac, now)
+                    state.lac = max_lac
+                    if state.waiters:  # long polls waiting for this LAC
+                        self._advance_lac(lid, state, max_lac, now)
+        else:
+            for i, _, _, _ in p.parts:
+                statuses[i] = code
         seconds, requests = m.add_outcome(status)
         _observe_many(seconds, max(0.0, now - p.started), len(p.parts))
         requests.inc(len(p.parts))

@@ -484,7 +484,7 @@ def _dec_multi_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAd
     for ledger_id, count, flags, key in _PART.iter_unpack(table):
         if ledger_id < 0 or count < 1 or at + count > len(frames):
             raise _Invalid(f"part {len(parts)}: ledger {ledger_id} with {count} entries does not fit the frames")
-        parts.append(add_part(ledger_id, key, _add_flags(flags), tuple(frames[at:at + count])))
+        parts.append(add_part(ledger_id, key, _add_flags(flags), (frames[at],) if count == 1 else tuple(frames[at:at + count])))
         at += count
     if at != len(frames):
         raise _Invalid(f"the parts hold {at - 2} entries, the message {len(frames) - 2}")
