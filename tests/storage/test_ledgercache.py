@@ -122,15 +122,22 @@ def test_eviction_under_a_small_budget_reads_correctly(tmp_path, rng):
         assert c.cached_bytes <= 4 * PAGE_BYTES
 
 
-def test_corrupt_slot_is_detected_with_its_offset(tmp_path):
-    d = str(tmp_path)
+def _with_damaged_slot(d: str, ledger_id: int, entries: int, damaged: int, at: int = 2) -> str:
+    """A ledger's index file holding entries 0..entries-1, then byte ``at`` of entry
+    ``damaged``'s slot flipped (bit rot); returns the file's path."""
     c = LedgerCache([d], 1 << 20)
-    for e in range(100):
-        c.put(3, e, loc(e))
+    for e in range(entries):
+        c.put(ledger_id, e, loc(e))
     c.flush()
     c.close()
-    path = index_path(d, 3)
-    flip_byte(path, HEADER_BYTES + 42 * SLOT_BYTES + 2)
+    path = index_path(d, ledger_id)
+    flip_byte(path, HEADER_BYTES + damaged * SLOT_BYTES + at)
+    return path
+
+
+def test_corrupt_slot_is_detected_with_its_offset(tmp_path):
+    d = str(tmp_path)
+    path = _with_damaged_slot(d, 3, 100, 42)
     c = LedgerCache([d], 1 << 20)
     assert c.get(3, 41) == loc(41)
     with pytest.raises(CorruptDataError) as err:
@@ -781,12 +788,7 @@ def test_a_dirty_range_turned_into_a_delta_leaves_a_damaged_slot_damaged(tmp_pat
     cache turns the changed range into a delta, it takes only sound slots, so the flush does
     not write the damaged location back under a fresh check word (it would pass for sound)."""
     d = str(tmp_path)
-    c = LedgerCache([d], 1 << 20)
-    for e in range(10):
-        c.put(1, e, loc(e))
-    c.flush()
-    c.close()
-    flip_byte(index_path(d, 1), HEADER_BYTES + 5 * SLOT_BYTES + 1)
+    _with_damaged_slot(d, 1, 10, 5, at=1)
     c = LedgerCache([d], PAGE_BYTES)  # room for one page
     assert c.get(1, 4) == loc(4)  # page 0 cached clean, damaged slot 5 and all
     c.put(1, 3, loc(30))
