@@ -82,6 +82,9 @@ class BootReport:
     closed_ledgers_lacking: int = 0  # closed ledgers given an "unclean" repair mark by phase one
 
 
+_REPLAY_PUTS = 4096  # index updates of replayed adds applied together (Bookie._replay)
+
+
 class Bookie:
     def __init__(self, cfg: BookieConfig, *, clock: Clock = SYSTEM_CLOCK, store: MetadataStore | None = None,
                  stop_event: threading.Event | None = None) -> None:
@@ -221,14 +224,32 @@ class Bookie:
             start = LogMark(0, 0)
         n = 0
         last = start
+        # Index updates of consecutive ADD records go in batches (LedgerCache.put_many),
+        # in journal order: before any other record is applied, and at most _REPLAY_PUTS.
+        lids: list[int] = []
+        eids: list[int] = []
+        locs: list[int] = []
+
+        def put_pending() -> None:
+            if lids:
+                self.cache.put_many(lids, eids, locs)
+                lids.clear()
+                eids.clear()
+                locs.clear()
+
         for rec, mark in replay(self.journal_dir, start):
             n += 1
             last = mark
             t = rec.type
             if t == RecordType.ADD:
-                loc = self.logs.append(rec.ledger_id, rec.entry_id, rec.payload)
-                self.cache.put(rec.ledger_id, rec.entry_id, loc)
-            elif t == RecordType.FENCE:
+                lids.append(rec.ledger_id)
+                eids.append(rec.entry_id)
+                locs.append(self.logs.append(rec.ledger_id, rec.entry_id, rec.payload))
+                if len(lids) >= _REPLAY_PUTS:
+                    put_pending()
+                continue
+            put_pending()
+            if t == RecordType.FENCE:
                 self.cache.set_fenced(rec.ledger_id, True)
             elif t == RecordType.MASTER_KEY:
                 self.cache.set_master_key(rec.ledger_id, rec.payload)
@@ -236,6 +257,7 @@ class Bookie:
                 self.cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
             elif t == RecordType.EXPLICIT_LAC:
                 self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
+        put_pending()
         segment_bytes = self.cfg.journal_max_size_mb * 1024 * 1024
         self.journal = JournalWriter(
             self.journal_dir, segment_bytes,

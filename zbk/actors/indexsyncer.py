@@ -66,7 +66,7 @@ class IndexCore:
         assert self.outbox is not None
         cache = self.cache
         if isinstance(msg, IndexPut):
-            # MULTI_ADD: several ledgers' entries in one put
+            # One ledger's entries, or a MULTI_ADD's of several ledgers (ledger_ids)
             lids = repeat(msg.ledger_id, len(msg.entry_ids)) if msg.ledger_ids is None else msg.ledger_ids
             cache.put_many(lids, msg.entry_ids, msg.locations)
             if cache.needs_flush:

@@ -175,36 +175,12 @@ class LedgerCache:
 
     def put(self, ledger_id: int, entry_id: int, location: int) -> None:
         """Record an entry's location (memory only; durable after :meth:`flush`)."""
-        assert entry_id >= 0 and location > 0
-        key = (ledger_id, entry_id // PAGE_ENTRIES)
-        page = self._dirty.get(key)
-        if page is None and key not in self._deltas:
-            page = self._make_dirty(key)
-        if page is not None:
-            i = (entry_id % PAGE_ENTRIES) * 2
-            page[i] = location
-            page[i + 1] = location ^ entry_id ^ SLOT_KEY
-            r = self._ranges.get(key)
-            if r is not None:
-                if i < r[0]:
-                    r[0] = i
-                if i > r[1]:
-                    r[1] = i
-        else:  # a delta (see the module doc)
-            delta = self._deltas[key]
-            if entry_id not in delta:
-                self._delta_slots += 1
-            delta[entry_id] = location
-            if len(delta) > _NEW_PAGE_DELTA_SLOTS_MAX and key in self._new_deltas:
-                self._merge_delta(key)  # a whole dirty page from now on: zeros and its slots
-        led = self._ledgers[ledger_id]
-        if entry_id > led.max_put:
-            led.max_put = entry_id
+        self.put_many((ledger_id,), (entry_id,), (location,))
 
     def put_many(self, ledger_ids: Iterable[int], entry_ids: Iterable[int], locations: Iterable[int]) -> None:
         """:meth:`put` of each (ledger id, entry id, location), in order: an IndexPut's
-        entries (a MULTI_ADD's are of as many ledgers as entries). The same effect as a
-        put each, with the look-ups the puts share done once (issue #8)."""
+        entries (a MULTI_ADD's are of as many ledgers as entries), with the look-ups the
+        puts share done once (issue #8)."""
         dirty_get, deltas, ranges_get, ledgers = self._dirty.get, self._deltas, self._ranges.get, self._ledgers
         new_deltas = self._new_deltas
         for ledger_id, entry_id, location in zip(ledger_ids, entry_ids, locations, strict=True):
@@ -215,27 +191,24 @@ class LedgerCache:
                 delta = deltas.get(key)
                 if delta is None:
                     page = self._make_dirty(key)
-                if page is None:  # a delta (see put)
+                if page is None:  # a delta (see the module doc)
                     if delta is None:
                         delta = deltas[key]  # just started by _make_dirty
                     if entry_id not in delta:
                         self._delta_slots += 1
                     delta[entry_id] = location
                     if len(delta) > _NEW_PAGE_DELTA_SLOTS_MAX and key in new_deltas:
-                        self._merge_delta(key)
-                    led = ledgers[ledger_id]
-                    if entry_id > led.max_put:
-                        led.max_put = entry_id
-                    continue
-            i = (entry_id % PAGE_ENTRIES) * 2
-            page[i] = location
-            page[i + 1] = location ^ entry_id ^ SLOT_KEY
-            r = ranges_get(key)
-            if r is not None:
-                if i < r[0]:
-                    r[0] = i
-                if i > r[1]:
-                    r[1] = i
+                        self._merge_delta(key)  # a whole dirty page from now on: zeros and its slots
+            if page is not None:
+                i = (entry_id % PAGE_ENTRIES) * 2
+                page[i] = location
+                page[i + 1] = location ^ entry_id ^ SLOT_KEY
+                r = ranges_get(key)
+                if r is not None:
+                    if i < r[0]:
+                        r[0] = i
+                    if i > r[1]:
+                        r[1] = i
             led = ledgers[ledger_id]
             if entry_id > led.max_put:
                 led.max_put = entry_id
