@@ -273,12 +273,15 @@ def test_held_index_updates_go_out_at_the_bound():
     assert len(puts) == 1 and puts[0].entry_ids == list(range(n)) and core.held_puts == []
 
 
-def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them():
+@pytest.mark.parametrize("mixed", [False, True], ids=["one-entry-parts", "with-a-two-entry-part"])
+def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(mixed):
     """With thousands of ledgers every part holds one entry of a ledger the bookie knows: the
     Server takes those on a fast path. Each check of ADD_ENTRY still applies to them: a wrong
     key, a blob of another ledger or a garbled one, a fenced ledger (recovery adds
     pass), read-only; and the ack waits for the fsync unless every accepted part is
-    DEFERRED_SYNC. Every status is compared with that of the same part sent alone."""
+    DEFERRED_SYNC. Every status is compared with that of the same part sent alone. When
+    every part has one entry the Server reads them from the decoder's columns
+    (PackedParts.ones); one part of two entries takes it through the part objects."""
     good = len(blob(1, 0))
     cases = [
         part(1, range(0, 1)),  # fine
@@ -289,6 +292,8 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them()
         part(2, range(0, 1), flags=AddFlag.RECOVERY_ADD),  # recovery add: EOK
         part(1, range(1, 2), flags=AddFlag.DEFERRED_SYNC),  # EOK
     ]
+    if mixed:
+        cases.append(part(1, range(2, 4)))  # EOK
     alone: list[Status] = []
     for c in cases:
         core, out, replies = make()
@@ -300,17 +305,21 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them()
             core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1], ledger_ids=ab.ledger_ids), 0.0)
             core.on_message(Synced([ab.batch_id]), 0.0)
         alone.append(acks[0].status)
-    assert alone == [Status.EOK, Status.EUA, Status.EBADREQ, Status.EBADREQ, Status.EFENCED, Status.EOK, Status.EOK]
+    assert alone == [Status.EOK, Status.EUA, Status.EBADREQ, Status.EBADREQ, Status.EFENCED, Status.EOK, Status.EOK,
+                     *([Status.EOK] if mixed else [])]
 
     core, out, replies = make()
     multi(core, cases)
     ab = out.take("entrylogger", AppendBatch)[0]
-    assert ab.ledger_ids == [1, 2, 1] and ab.entry_ids == [0, 0, 1]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2, 3], ledger_ids=ab.ledger_ids), 0.0)
+    assert ab.ledger_ids == [1, 2, 1, *([1, 1] if mixed else [])]
+    assert ab.entry_ids == [0, 0, 1, *([2, 3] if mixed else [])]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, len(ab.entry_ids) + 1)),
+                             ledger_ids=ab.ledger_ids), 0.0)
     assert replies == []  # the plain parts wait for the fsync
     core.on_message(Synced([ab.batch_id]), 0.0)
     assert replies[0][1] == alone
-    assert core.ledgers[1].last_entry_id == 1 and core.ledgers[1].lac == 0
+    assert core.ledgers[1].last_entry_id == (3 if mixed else 1)
+    assert core.ledgers[1].lac == (2 if mixed else 0)
 
     # Only DEFERRED_SYNC parts: acknowledged once appended, as an ADD_ENTRY of them would be.
     core, out, replies = make()

@@ -138,6 +138,57 @@ def test_a_frame_per_entry_is_still_accepted_and_passed_through() -> None:
     assert isinstance(got, MultiAddRequest) and got.parts[0].entries == (b"a", b"b")
 
 
+@pytest.mark.parametrize("counts", [(1, 1, 1), (2, 1, 3)], ids=["one-entry-parts", "mixed"])
+def test_decoded_multi_add_parts_are_a_sequence_of_add_requests(counts: tuple[int, ...]) -> None:
+    """The decoder keeps a MULTI_ADD's parts in columns (PackedParts) and builds a part only
+    when asked for: it is indexed, sliced, iterated and compared like the tuple of parts."""
+    from zbk.wire.messages import PackedParts
+
+    flags = (AddFlag(0), AddFlag.RECOVERY_ADD, AddFlag.DEFERRED_SYNC)
+    sent, k = [], 0
+    for i, c in enumerate(counts):
+        sent.append(AddRequest(rid=0, ledger_id=10 + i, master_key=bytes([i]) * 32, flags=flags[i],
+                               entries=tuple(b"e%d" % (k + j) for j in range(c))))
+        k += c
+    got = decode_request(encode(MultiAddRequest(rid=4, parts=tuple(sent))))
+    assert isinstance(got, MultiAddRequest) and isinstance(got.parts, PackedParts)
+    parts = got.parts
+    assert parts.ones == (counts == (1, 1, 1))
+    assert parts.ledger_ids == (10, 11, 12) and parts.counts == counts and parts.flags == tuple(map(int, flags))
+    assert len(parts) == 3 and list(parts) == sent and parts == tuple(sent) and tuple(sent) == parts
+    assert got == MultiAddRequest(rid=4, parts=tuple(sent))
+    assert parts[-1] == sent[2] and parts[1:] == sent[1:] and parts[::2] == [sent[0], sent[2]]
+    assert [type(p.flags) for p in parts] == [AddFlag] * 3 and parts.index(sent[1]) == 1
+    assert parts != sent[:2] and parts != "abc" and "AddRequest" in repr(parts)
+    with pytest.raises(IndexError):
+        parts[3]
+    with pytest.raises(IndexError):
+        parts[-4]
+
+
+@pytest.mark.parametrize("damage", ["negative_ledger", "zero_count", "counts_over", "counts_under", "unknown_flag"])
+def test_a_malformed_part_table_is_refused_with_the_rid_and_the_part_named(damage: str) -> None:
+    rows = [[5, 1, 0], [6, 2, 0], [7, 1, 0]]
+    entries = [b"a", b"b", b"c", b"d"]
+    if damage == "negative_ledger":
+        rows[1][0], want = -1, "part 1: ledger -1"
+    elif damage == "zero_count":
+        rows[2][1], want = 0, "part 2: ledger 7 with 0 entries"
+    elif damage == "counts_over":
+        rows[2][1], want = 2, "part 2: ledger 7 with 2 entries does not fit"
+    elif damage == "counts_under":
+        entries.append(b"e")
+        want = "the parts hold 4 entries, the message 5"
+    else:
+        rows[0][2], want = 0x80, "f must be add flags"
+    table = b"".join(struct.pack(">qIB32s", lid, n, f, MK) for lid, n, f in rows)
+    frames = with_header({"v": 1, "op": OpCode.MULTI_ADD, "rid": RID, "n": len(entries)},
+                         [table, struct.pack(f">{len(entries)}I", *map(len, entries)), b"".join(entries)])
+    with pytest.raises(FrameError) as err:
+        decode_request(frames)
+    assert err.value.rid == RID and err.value.status == Status.EBADREQ and want in str(err.value)
+
+
 @pytest.mark.parametrize("op", [OpCode.ADD_ENTRY, OpCode.MULTI_ADD])
 @pytest.mark.parametrize("damage", ["n0", "n_over", "n_not_int", "table_short", "sum_long", "sum_short",
                                     "extra_frame", "missing_frame"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,9 +103,10 @@ class PendingAdd:
     syncs: int = 1
     failed: Status | None = None
     # MULTI_ADD (one PendingAdd for the whole request): the accepted parts as (part index,
-    # ledger id, entry ids, max LAC), and every part's status so far (refused parts are set
-    # already; accepted ones are EOK until the request completes). None for ADD_ENTRY.
-    parts: list[tuple[int, int, list[int], int]] | None = None
+    # ledger id, entry ids (the entry id itself for a part of one entry: no list per part),
+    # max LAC), and every part's status so far (refused parts are set already; accepted ones
+    # are EOK until the request completes). None for ADD_ENTRY.
+    parts: list[tuple[int, int, int | list[int], int]] | None = None
     statuses: bytearray | None = None
 
 
@@ -294,7 +295,7 @@ class ServerCore:
         if self.in_flight >= self.pending_requests_max:
             self._refuse(ident, req)
             return
-        accepted: list[tuple[int, int, list[int], int]] = []
+        accepted: list[tuple[int, int, int | list[int], int]] = []
         lids: list[int] = []
         eids: list[int] = []
         blobs: list[bytes] = []
@@ -308,33 +309,38 @@ class ServerCore:
         fast = not self.read_only
         ledgers_get, compare, sync_one = self.ledgers.get, hmac.compare_digest, self.journal_write_data
         eid_max = limits.entry_id_max
-        for i, part in enumerate(parts):
-            entries = part.entries
-            # A part of one entry (every part, with thousands of ledgers): no list per part.
-            one = len(entries) == 1
-            pb = len(entries[0]) if one else _blob_bytes(part)
+        # Per part: (ledger id, master key, flags, its entry if it has exactly one, else
+        # None), read from the decoder's columns when every part has one entry (no object
+        # per part), from the part objects otherwise.
+        rows: Iterable[tuple[int, bytes | None, int, Any]]
+        if type(parts) is w.PackedParts and parts.ones:
+            rows = zip(parts.ledger_ids, parts.keys, parts.flags, parts.entries, strict=True)
+        else:
+            rows = ((p.ledger_id, p.master_key, int(p.flags), p.entries[0] if len(p.entries) == 1 else None)
+                    for p in parts)
+        for i, (lid, key, flags, blob) in enumerate(rows):
+            one = blob is not None
+            pb = len(blob) if one else _blob_bytes(parts[i])
             if self.add_bytes + nbytes > 0 and self.add_bytes + nbytes + pb > bytes_max:
                 m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
                 statuses[i] = int(Status.ETOOMANYREQUESTS)
                 continue
             if one and fast:
-                lid = part.ledger_id
                 state = ledgers_get(lid)
-                key = part.master_key
                 if (state is not None and not state.fenced and state.master_key is not None and key is not None
                         and compare(state.master_key, key)):
-                    blob = entries[0]
                     checked = check_structure(blob)
                     if checked.__class__ is tuple and checked[1] == lid and 0 <= checked[2] <= eid_max:
                         eid = checked[2]
-                        if sync_one and not need_sync and not int(part.flags) & _DEFERRED_SYNC:
+                        if sync_one and not need_sync and not flags & _DEFERRED_SYNC:
                             need_sync = True
                         nbytes += pb
-                        accepted.append((i, lid, [eid], checked[3]))
+                        accepted.append((i, lid, eid, checked[3]))
                         lids.append(lid)
                         eids.append(eid)
                         blobs.append(bytes(blob))
                         continue
+            part = parts[i]
             admitted = self._admit_add(part, meta)
             if isinstance(admitted, Status):
                 m.REQUESTS_TOTAL.labels("add", admitted.name).inc()
@@ -343,16 +349,15 @@ class ServerCore:
             entry_ids, max_lac, sync = admitted
             need_sync = need_sync or sync
             nbytes += pb
-            lid = part.ledger_id
-            accepted.append((i, lid, entry_ids, max_lac))
+            accepted.append((i, lid, entry_ids[0] if one else entry_ids, max_lac))
             if one:
                 lids.append(lid)
                 eids.append(entry_ids[0])
-                blobs.append(bytes(entries[0]))
+                blobs.append(bytes(blob))
             else:
                 lids.extend([lid] * len(entry_ids))
                 eids.extend(entry_ids)
-                blobs.extend([bytes(b) for b in entries])
+                blobs.extend([bytes(b) for b in part.entries])
         if not accepted:
             self._reply_multi(ident, req.rid, statuses)
             return
@@ -536,7 +541,7 @@ class ServerCore:
         if ok:  # the accepted parts' statuses are EOK (0) already
             for _, lid, entry_ids, max_lac in p.parts:
                 state = ledgers[lid]
-                last = entry_ids[0] if len(entry_ids) == 1 else max(entry_ids)
+                last = entry_ids if isinstance(entry_ids, int) else max(entry_ids)
                 if last > state.last_entry_id:
                     state.last_entry_id = last
                 if max_lac > state.lac:
