@@ -164,6 +164,11 @@ def test_decoded_multi_add_parts_are_a_sequence_of_add_requests(counts: tuple[in
         parts[3]
     with pytest.raises(IndexError):
         parts[-4]
+    # The client builds the columns itself (its write path): the same frames as the parts.
+    frames = encode(MultiAddRequest(rid=4, parts=tuple(sent)))
+    columns = PackedParts([p.ledger_id for p in sent], list(counts), [p.flags for p in sent],
+                          [p.master_key for p in sent], [e for p in sent for e in p.entries])
+    assert encode(MultiAddRequest(rid=4, parts=columns)) == frames and encode(got) == frames
 
 
 @pytest.mark.parametrize("damage", ["negative_ledger", "zero_count", "counts_over", "counts_under", "unknown_flag"])

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zbk import limits
@@ -335,7 +336,7 @@ class _Add:
     three (at 10,000 ledgers the client's cyclic GC was a third of its CPU, performance
     issue #8)."""
 
-    __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent", "alone")
+    __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
 
     def __init__(self, entry_id: int, blob: bytes, size: int, future: asyncio.Future[int], started: float) -> None:
         self.entry_id = entry_id
@@ -345,13 +346,6 @@ class _Add:
         self.started = started
         self.acked = 0  # bookies that acknowledged it (bits)
         self.sent = 0  # bookies it is in flight to, or acked by (bits)
-        self.alone: tuple[bytes] | None = None  # (blob,): the entries of a 1-entry part, made once
-
-    def entries_alone(self) -> tuple[bytes]:
-        alone = self.alone
-        if alone is None:
-            alone = self.alone = (self.blob,)
-        return alone
 
 
 class LedgerHandle(ReadHandle):
@@ -867,14 +861,12 @@ class AddDispatcher:
         if len(hs) == 1:
             msg = hs[0]._add_request(rid, ents)
         else:
-            parts = []
-            start = 0
-            add_part = w.add_part
-            for h, end in zip(hs, ends, strict=True):
-                parts.append(add_part(h.ledger_id, h.master_key, h._add_flags,
-                                      ents[start].entries_alone() if end - start == 1 else [a.blob for a in ents[start:end]]))
-                start = end
-            msg = w.MultiAddRequest(rid=rid, parts=parts)
+            # The parts as columns (PackedParts), which the encoder packs with one C-level
+            # map: no AddRequest per part (thousands per second with many ledgers).
+            counts = [1] * len(hs) if len(ents) == len(hs) else [b - a for a, b in pairwise([0, *ends])]
+            msg = w.MultiAddRequest(rid=rid, parts=w.PackedParts(
+                [h.ledger_id for h in hs], counts, [h._add_flags for h in hs], [h.master_key for h in hs],
+                [a.blob for a in ents]))
         answered = self._answered
         timeout_s = self.ctx.add_timeout_s
         send_all = getattr(t, "send_all", None)
@@ -897,38 +889,36 @@ class AddDispatcher:
             return
         now = time.monotonic()
         lat: list[float] = []
+        ents = batch.ents
         if isinstance(resp, w.MultiAddResponse) and len(hs) > 1 and len(resp.statuses) == len(hs):
-            # Per part: its status. EOK, by far the most common, inline, and the handle's
-            # _advance called only when an entry reached AQ acks with this one: otherwise
-            # its first pending entry still has fewer (it never keeps AQ acks past an
-            # _advance), and nothing could be confirmed. With one entry per part that is
-            # one call per entry, at the second of three answers, instead of three.
-            # Anything else goes through _add_answered.
-            bit = self.bit(bookie)
-            ents, start = batch.ents, 0
-            eok = Status.EOK
-            for h, end, status in zip(hs, batch.ends, resp.statuses, strict=True):
-                if status == eok:
-                    reached = False
-                    for i in range(start, end):
-                        a = ents[i]
-                        was = a.acked
-                        if a.sent & bit and not was & bit:  # not re-routed away from this bookie meanwhile
-                            a.acked = was | bit
-                            if was.bit_count() + 1 == h.md.ack_quorum:
-                                reached = True
-                    if reached:
-                        h._advance(now, lat)
-                else:
-                    h._add_answered(bookie, ents[start:end], status, now, lat)
-                start = end
+            statuses: Sequence[Status] = resp.statuses
         else:
             if isinstance(resp, w.ErrorResponse) or (isinstance(resp, w.AddResponse) and len(hs) == 1):
                 status = resp.status
             else:  # an answer that does not fit the request: unknown, for every part
                 log.warning("%s answered an add request with %s", bookie, type(resp).__name__)
                 status = Status.EBADREQ
-            for h, adds in zip(hs, batch.parts(), strict=True):
+            statuses = [status] * len(hs)
+        if len(ents) == len(hs) and len(hs) > 1:
+            # A part of one entry each (many ledgers, the common MULTI_ADD): EOK inline, and
+            # the handle's _advance called only when the entry reached AQ acks with this
+            # answer: otherwise its first pending entry still has fewer (it never keeps AQ
+            # acks past an _advance), and nothing could be confirmed. So one call per entry,
+            # at the second of three answers, instead of three. Anything else goes through
+            # _add_answered.
+            bit = self.bit(bookie)
+            eok = Status.EOK
+            for h, a, status in zip(hs, ents, statuses, strict=True):
+                if status == eok:
+                    was = a.acked
+                    if a.sent & bit and not was & bit:  # not re-routed away from this bookie meanwhile
+                        a.acked = was | bit
+                        if was.bit_count() + 1 == h.md.ack_quorum:
+                            h._advance(now, lat)
+                else:
+                    h._add_answered(bookie, [a], status, now, lat)
+        else:
+            for h, adds, status in zip(hs, batch.parts(), statuses, strict=True):
                 h._add_answered(bookie, adds, status, now, lat)
         if lat:
             cm.ADD_ENTRY_SECONDS.observe_many(lat)

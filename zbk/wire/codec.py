@@ -190,11 +190,17 @@ assert _PART.size == 45 and MASTER_KEY_BYTES == 32
 
 
 def _enc_multi_add_request(m: MultiAddRequest) -> list[Blob]:
-    pack = _PART.pack
-    table = b"".join([pack(p.ledger_id, len(p.entries), p.flags, p.master_key) for p in m.parts])
-    entries: list[Blob] = []
-    for p in m.parts:
-        entries.extend(p.entries)
+    parts = m.parts
+    entries: Sequence[Blob]
+    if type(parts) is PackedParts:  # the client's write path: columns, packed in C
+        table = b"".join(map(_PART.pack, parts.ledger_ids, parts.counts, parts.flags, parts.keys))
+        entries = parts.entries
+    else:
+        pack = _PART.pack
+        table = b"".join([pack(p.ledger_id, len(p.entries), p.flags, p.master_key) for p in parts])
+        entries = []
+        for p in parts:
+            entries.extend(p.entries)
     header = _cbor_map({"v": VERSION, "op": OpCode.MULTI_ADD, "rid": m.rid, "n": len(entries)})
     return [header, table, *_packed(entries)]
 
