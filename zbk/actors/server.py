@@ -26,6 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from zbk import limits
@@ -310,17 +311,22 @@ class ServerCore:
         ledgers_get, compare, sync_one = self.ledgers.get, hmac.compare_digest, self.journal_write_data
         eid_max = limits.entry_id_max
         # Per part: (ledger id, master key, flags, its entry if it has exactly one, else
-        # None), read from the decoder's columns when every part has one entry (no object
-        # per part), from the part objects otherwise.
-        rows: Iterable[tuple[int, bytes | None, int, Any]]
+        # None, the part object or None), read from the decoder's columns when every part
+        # has one entry (no object per part; built only for _admit_add), from the part
+        # objects otherwise (each built once).
+        rows: Iterable[tuple[int, bytes | None, int, Any, w.AddRequest | None]]
         if type(parts) is w.PackedParts and parts.ones:
-            rows = zip(parts.ledger_ids, parts.keys, parts.flags, parts.entries, strict=True)
+            rows = zip(parts.ledger_ids, parts.keys, parts.flags, parts.entries, repeat(None, len(parts)), strict=True)
         else:
-            rows = ((p.ledger_id, p.master_key, int(p.flags), p.entries[0] if len(p.entries) == 1 else None)
+            rows = ((p.ledger_id, p.master_key, int(p.flags), p.entries[0] if len(p.entries) == 1 else None, p)
                     for p in parts)
-        for i, (lid, key, flags, blob) in enumerate(rows):
+        for i, (lid, key, flags, blob, part) in enumerate(rows):
             one = blob is not None
-            pb = len(blob) if one else _blob_bytes(parts[i])
+            if one:
+                pb = len(blob)
+            else:  # a part of several entries: a row of the part objects, which carries it
+                assert part is not None
+                pb = _blob_bytes(part)
             if self.add_bytes + nbytes > 0 and self.add_bytes + nbytes + pb > bytes_max:
                 m.REQUESTS_TOTAL.labels("add", "ETOOMANYREQUESTS").inc()
                 statuses[i] = int(Status.ETOOMANYREQUESTS)
@@ -340,7 +346,8 @@ class ServerCore:
                         eids.append(eid)
                         blobs.append(bytes(blob))
                         continue
-            part = parts[i]
+            if part is None:
+                part = parts[i]
             admitted = self._admit_add(part, meta)
             if isinstance(admitted, Status):
                 m.REQUESTS_TOTAL.labels("add", admitted.name).inc()

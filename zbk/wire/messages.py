@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, TypeAlias
 
 from zbk.wire.ops import AddFlag, ReadFlag
@@ -92,11 +93,7 @@ class PackedParts(Sequence[AddRequest]):
         else:
             starts = self._starts
             if starts is None:
-                starts, at = [], 0
-                for c in self.counts:
-                    starts.append(at)
-                    at += c
-                self._starts = starts
+                starts = self._starts = list(accumulate(self.counts, initial=0))
             entries = tuple(self.entries[starts[i]:starts[i] + self.counts[i]])
         return add_part(self.ledger_ids[i], self.keys[i], AddFlag(self.flags[i]), entries)
 
