@@ -73,6 +73,10 @@ class ReadHandle:
     """Reads a ledger. Opened with recovery it is closed; without, it reads up to the LAC it
     learns from the bookies and can tail the ledger until it closes."""
 
+    # Slots, not a __dict__: a client may hold 10,000 open handles, and a write touches its
+    # handle's fields several times per entry (performance issue #8).
+    __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac")
+
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, version: int, password: bytes) -> None:
         self.ctx = ctx
         self.md = md
@@ -350,6 +354,10 @@ class _Add:
 
 class LedgerHandle(ReadHandle):
     """The single writer of a ledger (also readable up to its own LAC)."""
+
+    __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
+                 "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
+                 "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event")
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:

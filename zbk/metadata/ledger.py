@@ -45,7 +45,7 @@ CUSTOM_METADATA_BYTES_MAX = 64 * 1024
 LEDGER_ID_MAX = (1 << 63) - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LedgerMetadata:
     ledger_id: int
     ensemble_size: int
