@@ -371,3 +371,42 @@ def test_close_waits_for_the_adds_in_flight_and_nothing_waits_without_it() -> No
         await h2.wait_drained()  # nothing pending: at once
 
     sim.run(scenario())
+
+
+def test_handles_share_write_sets_by_ensemble_and_master_keys_by_password() -> None:
+    """Thousands of open handles should not each hold their own copy of what they have in
+    common: handles on one ensemble share its write sets, handles of one password its master
+    key. Every entry still goes to exactly md.write_set(entry) and confirms."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=5)
+        writer = c.client("writer")
+        hs = [await writer.create_ledger(3, 2, 2, password=PW) for _ in range(12)]
+        other = await writer.create_ledger(3, 2, 2, password=b"another")
+        logs = {h.ledger_id: WriteLog() for h in [*hs, other]}
+        for h in [*hs, other]:
+            for _ in range(4):
+                _append(h, logs[h.ledger_id], [])
+        for log in logs.values():
+            await log.settle()
+        for h in [*hs, other]:
+            for eid in range(4):
+                pairs, mask = h._write_set(eid)
+                assert [b for b, _ in pairs] == h.md.write_set(eid)
+                assert mask == sum(h._dispatcher.bit(b) for b in h.md.write_set(eid))
+        by_ensemble: dict[tuple[str, ...], list[LedgerHandle]] = {}
+        for h in [*hs, other]:
+            by_ensemble.setdefault(tuple(h.md.last_ensemble), []).append(h)
+        assert any(len(group) > 1 for group in by_ensemble.values())  # 13 handles on C(5,3) = 10 ensembles
+        for ensemble, group in by_ensemble.items():
+            assert all(h._ws_rot is group[0]._ws_rot for h in group), ensemble
+        assert len({id(h._ws_rot) for h in [*hs, other]}) == len(by_ensemble)
+        assert all(h.master_key is hs[0].master_key for h in hs)
+        assert other.master_key != hs[0].master_key
+        for h in [*hs, other]:
+            await h.close()
+            assert not logs[h.ledger_id].failed
+            assert await check_persistence(c, h.ledger_id, b"another" if h is other else PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())

@@ -33,6 +33,7 @@ from zbk.wire.curve import CurveClient
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
+_MASTER_KEYS_CACHED_MAX = 1024  # passwords whose master key a client keeps at hand
 
 
 class _Placement:
@@ -60,6 +61,10 @@ class ClientContext:
         self.read_timeout_s = config.read_timeout_ms / 1000
         self.speculative_read_s = config.speculative_read_ms / 1000
         self._digests: dict[tuple[str, bytes], Digest] = {}
+        # One master key object per password, shared by every handle opened with it: a
+        # MULTI_ADD packs a key per part, and 10,000 handles' own copies were 10,000 more
+        # objects to reach per round of appends (performance issue #8).
+        self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
 
@@ -76,7 +81,12 @@ class ClientContext:
         return d
 
     def master_key_for(self, password: bytes) -> bytes:
-        return master_key(password)
+        key = self._master_keys.get(password)
+        if key is None:
+            if len(self._master_keys) >= _MASTER_KEYS_CACHED_MAX:
+                self._master_keys.clear()
+            key = self._master_keys[password] = master_key(password)
+        return key
 
     async def read_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         return await asyncio.to_thread(self.ledgers.read, ledger_id)

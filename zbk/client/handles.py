@@ -434,20 +434,12 @@ class LedgerHandle(ReadHandle):
         md = self.md
         if md is not self._ws_md:
             first, ensemble = md.fragments[-1]
-            e = md.ensemble_size
             self._ws_md, self._ws_first = md, first
-            self._ws_rot = tuple(self._bits_of([ensemble[(i + k) % e] for k in range(md.write_quorum)]) for i in range(e))
+            self._ws_rot = self._dispatcher.rotations(ensemble, md.write_quorum)
         if entry_id >= self._ws_first:
             return self._ws_rot[entry_id % len(self._ws_rot)]
-        return self._bits_of(md.write_set(entry_id))
+        return self._dispatcher._write_set_of(md.write_set(entry_id))
 
-    def _bits_of(self, bookies: Sequence[str]) -> _WriteSet:
-        bit = self._dispatcher.bit
-        pairs = tuple((b, bit(b)) for b in bookies)
-        mask = 0
-        for _, m in pairs:
-            mask |= m
-        return pairs, mask
 
     def _collect(self, out: dict[str, _Batch], fresh: dict[int, _Batch]) -> None:
         """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
@@ -737,6 +729,7 @@ def _blob_size(a: _Add) -> int:
 
 
 _WriteSet = tuple[tuple[tuple[str, int], ...], int]  # ((bookie, bit), ...), mask of the bits
+_ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keeps
 
 
 class _Batch:
@@ -806,6 +799,7 @@ class AddDispatcher:
         self._scheduled = False
         self._bits: dict[str, int] = {}
         self._bookies: dict[int, list[str]] = {}  # bit mask -> its bookies (cached)
+        self._rotations: dict[tuple[tuple[str, ...], int], tuple[_WriteSet, ...]] = {}
 
     def bit(self, bookie: str) -> int:
         """The bit of ``bookie`` in _Add.acked and _Add.sent (assigned at first use)."""
@@ -813,6 +807,28 @@ class AddDispatcher:
         if b is None:
             b = self._bits[bookie] = 1 << len(self._bits)
         return b
+
+    def rotations(self, ensemble: Sequence[str], write_quorum: int) -> tuple[_WriteSet, ...]:
+        """The write sets of ``ensemble`` (entry id modulo its size) as LedgerHandle._write_set
+        gives them. Shared by every handle on that ensemble: with thousands of ledgers on a
+        few bookies, their entries all look up the same few tuples (performance issue #8)."""
+        key = (tuple(ensemble), write_quorum)
+        rot = self._rotations.get(key)
+        if rot is None:
+            if len(self._rotations) >= _ROTATIONS_CACHED_MAX:
+                self._rotations.clear()
+            e = len(ensemble)
+            rot = self._rotations[key] = tuple(
+                self._write_set_of([ensemble[(i + k) % e] for k in range(write_quorum)]) for i in range(e))
+        return rot
+
+    def _write_set_of(self, bookies: Sequence[str]) -> _WriteSet:
+        bit = self.bit
+        pairs = tuple((b, bit(b)) for b in bookies)
+        mask = 0
+        for _, m in pairs:
+            mask |= m
+        return pairs, mask
 
     def bookies_of(self, mask: int) -> list[str]:
         """The bookies whose bits are in ``mask``."""
