@@ -355,3 +355,27 @@ def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it
         assert [lk.ledger_id for lk in out.take("index", Lookup)] == ([1] if woken else [])
         assert core.long_polls == (0 if woken else 1)
     assert core.ledgers[1].lac == 1 and core.ledgers[1].last_entry_id == 2
+
+
+def test_ledgers_of_one_password_share_one_master_key_object():
+    """New ledgers keep the bookie's one object of their key's value (and the states a bookie
+    boots with are shared likewise), not the decoder's copy of each part's key; another key
+    stays apart and a wrong key is still refused."""
+    core, out, replies = make()
+    other = master_key(b"other")
+    multi(core, [part(20, range(0, 1)), part(21, range(0, 1)), part(22, range(0, 1), key=other)])
+    ab = out.take("entrylogger", AppendBatch)[0]
+    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2, 3], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
+    assert replies[-1][1] == [Status.EOK] * 3
+    states = core.ledgers
+    assert states[20].master_key == states[21].master_key == KEY and states[22].master_key == other
+    assert states[20].master_key is states[21].master_key is states[1].master_key
+    assert states[22].master_key is not states[20].master_key
+    multi(core, [part(21, range(1, 2), key=WRONG), part(22, range(1, 2), key=KEY)], rid=8)
+    assert replies[-1][1] == [Status.EUA, Status.EUA]
+
+    booted = ServerCore(ledgers={1: LedgerState(master_key=KEY[:1] + KEY[1:]), 2: LedgerState(master_key=KEY[:1] + KEY[1:]),
+                                 3: LedgerState()}, journal_write_data=True, max_frame_bytes=1 << 20,
+                        reply=lambda ident, frames: None)
+    assert booted.ledgers[1].master_key is booted.ledgers[2].master_key and booted.ledgers[3].master_key is None

@@ -62,6 +62,7 @@ from zbk.wire.errors import FrameError
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
+_SHARED_KEYS_MAX = 65536  # distinct master keys ServerCore.shared_key keeps
 Reply = Callable[[bytes, list[Any]], None]
 
 
@@ -134,6 +135,13 @@ class ServerCore:
                  pending_requests_max: int = limits.server_pending_requests_max,
                  pending_add_bytes_max: int = limits.server_pending_add_bytes_max) -> None:
         self.ledgers = ledgers
+        # Master keys by value, so that ledgers of one password share one bytes object: a
+        # MULTI_ADD compares a key per part, and with thousands of ledgers a key object of
+        # each ledger's own was one more cold object per entry (performance issue #8).
+        self.keys: dict[bytes, bytes] = {}
+        for state in ledgers.values():
+            if state.master_key is not None:
+                state.master_key = self.shared_key(state.master_key)
         # IndexPressure (zbk/actors/messages.py): adds held while the index is over its bound
         self.index_pressure = False
         self.held: deque[tuple[bytes, Any, float, int]] = deque()  # (ident, request, when, entry bytes)
@@ -427,8 +435,20 @@ class ServerCore:
             return True
         return key is not None and hmac.compare_digest(state.master_key, key)
 
+    def shared_key(self, key: bytes) -> bytes:
+        """``key`` as the one object of its value this bookie keeps (up to _SHARED_KEYS_MAX
+        distinct keys; beyond that a ledger keeps its own)."""
+        shared = self.keys.get(key)
+        if shared is not None:
+            return shared
+        key = bytes(key)
+        if len(self.keys) < _SHARED_KEYS_MAX:
+            self.keys[key] = key
+        return key
+
     def _ensure_ledger(self, lid: int, key: bytes, records: list[tuple[int, int, int, bytes]]) -> LedgerState:
         """The ledger's state, created (with its master key journaled) if new here."""
+        key = self.shared_key(key)
         state = self.ledgers.get(lid)
         if state is None:
             state = self.ledgers[lid] = LedgerState(master_key=key)
