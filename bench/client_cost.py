@@ -65,6 +65,18 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
                 await h.append(payload)
 
         await asyncio.gather(*(first(h) for h in handles))
+        # Requests the client sends (one per message, to every bookie of its write set) and
+        # the entries in them: how well the batching fills at each ledger count.
+        sent = [0, 0]
+        disp = bk.ctx.adds
+        send = disp._send
+
+        def counted(bookies: list[str], batch: Any) -> None:
+            sent[0] += 1
+            sent[1] += len(batch.ents)
+            send(bookies, batch)
+
+        disp._send = counted  # type: ignore[method-assign]
 
         async def run(n: int, seconds: float, profile: str) -> dict[str, Any]:
             window = asyncio.Semaphore(a.window)
@@ -101,6 +113,7 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
 
             gc.callbacks.append(gc_timer)
             load = loadavg()
+            sent[0] = sent[1] = 0
             cpu0, bcpu0 = time.process_time(), sum(cpu_seconds(p) for p in pids)
             t0 = time.perf_counter()
             k = 0
@@ -121,6 +134,7 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
             return {"ledgers": n, "entries_per_s": round(done / elapsed), "client_cpu_s_per_100k": round(client_s / done * 1e5, 2),
                     "bookie_cpu_s_per_100k": round(bookie_s / done * 1e5, 2), "p50_ms": round(pct(lat, 0.5) * 1000, 1),
                     "p99_ms": round(pct(lat, 0.99) * 1000, 1), "load": load,
+                    "requests_per_s": round(sent[0] / elapsed), "entries_per_request": round(sent[1] / max(1, sent[0]), 1),
                     # the client's cyclic GC: collections and seconds per generation, and its
                     # share of the client's CPU
                     "gc_collections": gc_n, "gc_s": [round(x, 3) for x in gc_s],
