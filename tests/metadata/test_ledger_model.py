@@ -178,3 +178,15 @@ def test_cookie_bytes_are_the_bookies_local_cookie_body() -> None:
     theirs = local.decode_cookie(mine.encode())
     assert mine.encode() == theirs.encode()
     assert Cookie.decode(theirs.encode()) == mine
+
+
+def test_decoded_metadata_of_many_ledgers_share_their_bookie_ids_and_names() -> None:
+    """A client reading 10,000 ledgers' metadata keeps one copy of each bookie id, digest
+    and state name; the values are those encoded."""
+    ids = ["bookie-a:3181", "bookie-b:3181", "bookie-c:3181"]
+    mds = [LedgerMetadata.decode(LedgerMetadata(ledger_id=lid, ensemble_size=3, write_quorum=2, ack_quorum=2,
+                                                fragments=((0, tuple("".join(list(b)) for b in ids)),)).encode())
+           for lid in (1, 2)]
+    assert mds[0].fragments == mds[1].fragments == ((0, tuple(ids)),)
+    assert all(x is y for x, y in zip(mds[0].last_ensemble, mds[1].last_ensemble, strict=True))
+    assert mds[0].digest is mds[1].digest and mds[0].state is mds[1].state == "OPEN"

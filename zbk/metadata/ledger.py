@@ -25,6 +25,7 @@ ever leaves CLOSED, and a CLOSED ledger's entries and end never change.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,9 +194,9 @@ class LedgerMetadata:
         try:
             md = cls(
                 ledger_id=_int(raw["id"]), ensemble_size=_int(raw["e"]), write_quorum=_int(raw["wq"]),
-                ack_quorum=_int(raw["aq"]), digest=_str(raw["dg"]), password=_bytes(raw["pw"]),
-                state=_str(raw["st"]), last_entry_id=_int(raw["le"]), length=_int(raw["ln"]),
-                fragments=tuple((_int(f[0]), tuple(_str(b) for b in f[1])) for f in raw["fr"]),
+                ack_quorum=_int(raw["aq"]), digest=_name(raw["dg"]), password=_bytes(raw["pw"]),
+                state=_name(raw["st"]), last_entry_id=_int(raw["le"]), length=_int(raw["ln"]),
+                fragments=tuple((_int(f[0]), tuple(_name(b) for b in f[1])) for f in raw["fr"]),
                 custom_metadata={_str(k): _bytes(v) for k, v in raw.get("cm", {}).items()},
                 ctime_ms=_int(raw.get("ct", 0)), creator_token=_bytes(raw.get("tok", b"")),
             )
@@ -217,6 +218,12 @@ def _str(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"expected text, got {type(v).__name__}")
     return v
+
+
+def _name(v: Any) -> str:
+    """A string that many ledgers' metadata hold alike (bookie ids, digest, state), interned:
+    a client with 10,000 open ledgers keeps one copy of each, not one per ledger."""
+    return sys.intern(_str(v))
 
 
 def _bytes(v: Any) -> bytes:
