@@ -171,6 +171,33 @@ def test_decoded_multi_add_parts_are_a_sequence_of_add_requests(counts: tuple[in
     assert encode(MultiAddRequest(rid=4, parts=columns)) == frames and encode(got) == frames
 
 
+def test_part_tables_of_every_size_decode_to_their_columns() -> None:
+    """The decoder unpacks a part table with one compiled format per part count (a bounded
+    cache of them): tables of 1 to 40 parts, and again after the cache has been cleared,
+    give back exactly the ledger ids, counts, flags and keys that were encoded."""
+    import random
+
+    from zbk.wire import codec
+    from zbk.wire.messages import PackedParts
+
+    rng = random.Random(8)
+    for _ in range(2):
+        for n in [*range(1, 41), limits.ledgers_per_multi_add_max]:
+            lids = [rng.randrange(0, 2**63) for _ in range(n)]
+            counts = [rng.randrange(1, 4) for _ in range(n)]
+            flags = [rng.choice([AddFlag(0), AddFlag.RECOVERY_ADD, AddFlag.DEFERRED_SYNC]) for _ in range(n)]
+            keys = [rng.randbytes(32) for _ in range(n)]
+            entries = [b"%d" % i for i in range(sum(counts))]
+            got = decode_request(encode(MultiAddRequest(rid=n, parts=PackedParts(lids, counts, flags, keys, entries))))
+            assert isinstance(got, MultiAddRequest) and got.rid == n
+            parts = got.parts
+            assert isinstance(parts, PackedParts)
+            assert list(parts.ledger_ids) == lids and list(parts.counts) == counts
+            assert list(parts.flags) == [int(f) for f in flags] and list(parts.keys) == keys
+            assert [bytes(e) for e in parts.entries] == entries
+            assert len(codec._parts_structs) <= codec._PARTS_STRUCTS_MAX
+
+
 @pytest.mark.parametrize("damage", ["negative_ledger", "zero_count", "counts_over", "counts_under", "unknown_flag"])
 def test_a_malformed_part_table_is_refused_with_the_rid_and_the_part_named(damage: str) -> None:
     rows = [[5, 1, 0], [6, 2, 0], [7, 1, 0]]
