@@ -438,8 +438,7 @@ class LedgerHandle(ReadHandle):
             self._ws_rot = self._dispatcher.rotations(ensemble, md.write_quorum)
         if entry_id >= self._ws_first:
             return self._ws_rot[entry_id % len(self._ws_rot)]
-        return self._dispatcher._write_set_of(md.write_set(entry_id))
-
+        return self._dispatcher.write_set_of(md.write_set(entry_id))
 
     def _collect(self, out: dict[str, _Batch], fresh: dict[int, _Batch]) -> None:
         """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
@@ -819,10 +818,11 @@ class AddDispatcher:
                 self._rotations.clear()
             e = len(ensemble)
             rot = self._rotations[key] = tuple(
-                self._write_set_of([ensemble[(i + k) % e] for k in range(write_quorum)]) for i in range(e))
+                self.write_set_of([ensemble[(i + k) % e] for k in range(write_quorum)]) for i in range(e))
         return rot
 
-    def _write_set_of(self, bookies: Sequence[str]) -> _WriteSet:
+    def write_set_of(self, bookies: Sequence[str]) -> _WriteSet:
+        """``bookies`` as a write set: ((bookie, bit), ...) and the mask of their bits."""
         bit = self.bit
         pairs = tuple((b, bit(b)) for b in bookies)
         mask = 0

@@ -187,7 +187,7 @@ def _enc_add_request(m: AddRequest) -> list[Blob]:
 # entries), or one frame each from frame 2 on (no ``n``; still accepted).
 _PART = struct.Struct(">qIB32s")
 assert _PART.size == 45 and MASTER_KEY_BYTES == 32
-_PARTS_STRUCTS_MAX = 16  # at most 16 x 46 KiB (1,024 parts) of compiled formats
+_PARTS_STRUCTS_MAX = 16  # compiled formats kept: at most 16 x 128 KiB (1,024 parts each)
 _parts_structs: dict[int, struct.Struct] = {}
 
 
