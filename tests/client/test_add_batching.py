@@ -380,7 +380,7 @@ def test_handles_share_write_sets_by_ensemble_and_master_keys_by_password() -> N
     seed = sim.seed_from_env()
 
     async def scenario() -> None:
-        c = SimCluster(seed, bookies=5)
+        c = SimCluster(seed, bookies=3)
         writer = c.client("writer")
         hs = [await writer.create_ledger(3, 2, 2, password=PW) for _ in range(12)]
         other = await writer.create_ledger(3, 2, 2, password=b"another")
@@ -398,7 +398,8 @@ def test_handles_share_write_sets_by_ensemble_and_master_keys_by_password() -> N
         by_ensemble: dict[tuple[str, ...], list[LedgerHandle]] = {}
         for h in [*hs, other]:
             by_ensemble.setdefault(tuple(h.md.last_ensemble), []).append(h)
-        assert any(len(group) > 1 for group in by_ensemble.values())  # 13 handles on C(5,3) = 10 ensembles
+        # 13 handles on at most 3! = 6 orders of the three bookies: some share one ensemble.
+        assert any(len(group) > 1 for group in by_ensemble.values())
         for ensemble, group in by_ensemble.items():
             assert all(h._ws_rot is group[0]._ws_rot for h in group), ensemble
         assert len({id(h._ws_rot) for h in [*hs, other]}) == len(by_ensemble)
