@@ -448,15 +448,15 @@ class ServerCore:
 
     def _ensure_ledger(self, lid: int, key: bytes, records: list[tuple[int, int, int, bytes]]) -> LedgerState:
         """The ledger's state, created (with its master key journaled) if new here."""
-        key = self.shared_key(key)
         state = self.ledgers.get(lid)
+        if state is not None and state.master_key is not None:
+            return state
+        key = self.shared_key(key)  # only a key the ledger keeps joins the shared ones
         if state is None:
             state = self.ledgers[lid] = LedgerState(master_key=key)
             m.LEDGERS.set(len(self.ledgers))
-        elif state.master_key is None:
-            state.master_key = key
         else:
-            return state
+            state.master_key = key
         records.append((int(RecordType.MASTER_KEY), lid, -1, key))
         self._to_index(HeaderUpdate(lid, master_key=key))
         return state
