@@ -20,6 +20,7 @@ their contents are the entry format's business (:func:`zbk.wire.entry.peek_entry
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -188,21 +189,20 @@ def _enc_add_request(m: AddRequest) -> list[Blob]:
 _PART = struct.Struct(">qIB32s")
 assert _PART.size == 45 and MASTER_KEY_BYTES == 32
 _PARTS_STRUCTS_MAX = 16  # compiled formats kept: at most 16 x 128 KiB (1,024 parts each)
-_parts_structs: dict[int, struct.Struct] = {}
+
+
+@functools.lru_cache(maxsize=_PARTS_STRUCTS_MAX)
+def _parts_struct(n: int) -> struct.Struct:
+    """The format of a part table of ``n`` parts, compiled once per part count in use."""
+    return struct.Struct(">" + "qIB32s" * n)
 
 
 def _part_columns(table: Blob, n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bytes, ...]]:
     """The part table's ledger ids, counts, flags and keys, each a tuple: one unpack of all
     ``n`` parts into a flat tuple, then four strided slices, all in C. (``zip`` over
     ``iter_unpack`` made a tuple per part and transposed them: 150 against 40-65 ns a
-    part, decoded by each bookie for every part; issue #8.) A Struct per part count is
-    kept, up to _PARTS_STRUCTS_MAX of them."""
-    st = _parts_structs.get(n)
-    if st is None:
-        if len(_parts_structs) >= _PARTS_STRUCTS_MAX:
-            _parts_structs.clear()
-        st = _parts_structs[n] = struct.Struct(">" + "qIB32s" * n)
-    flat = st.unpack(table)
+    part, decoded by each bookie for every part; issue #8.)"""
+    flat = _parts_struct(n).unpack(table)
     return flat[0::4], flat[1::4], flat[2::4], flat[3::4]
 
 
