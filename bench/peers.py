@@ -18,7 +18,15 @@ on the same ledger/stream client. Every figure is the median of the rounds with 
 the ratios are zbk/NATS of the medians. Prints a table and one JSON line, optionally
 plots latency percentiles, and stops every process it started by PID (also on Ctrl-C).
 
+``--floor`` adds a third run at the latency window in every round: zbk's floor, the same
+three bookies written by the least a client can do (``floor_worker``: a synchronous loop of
+plain DEALER sockets, no client library, no event loop). It sends each entry to the three
+bookies, waits for two EOK answers, and sends the next; late answers are read and dropped.
+Whatever the real client costs comes on top of it, so the floor's p50 is a lower bound for
+zbk's window-1 p50 on these bookies, printed against the 0.7 x NATS target.
+
     .venv/bin/python bench/peers.py --rounds 3 --seconds 8 --plot docs/img/peers_latency.png
+    .venv/bin/python bench/peers.py --rounds 3 --seconds 8 --floor
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from _procs import (  # noqa: E402
 )
 
 SYSTEMS = ("zbk", "nats")
+FLOOR = "zbk-floor"  # --floor: the same bookies without the client library (floor_worker)
 
 
 # -- workers (each in its own process) ---------------------------------------------------------
@@ -62,6 +71,81 @@ def zbk_worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.warmup > 0:
         asyncio.run(_bench(ns(args.warmup)))
     return asyncio.run(_bench(ns(args.seconds)))
+
+
+def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One entry at a time to the three bookies (``--servers``, their ids), each confirmed by
+    two EOK answers: E3 WQ3 AQ2 through the raw protocol with nothing else in the client.
+    Every entry is built (header, digest) in the loop, as the client library builds it. The
+    ledger has no metadata; the bench cluster's GC waits an hour, so it is not collected."""
+    import zmq
+
+    from zbk.client.digest import make_digest, master_key
+    from zbk.wire import messages as w
+    from zbk.wire.codec import decode_response, encode
+    from zbk.wire.entry import build_entry
+
+    ack_quorum = 2
+    bookies = args.servers.split(",")
+    lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")  # not a ledger the client library made
+    dg, mk = make_digest("crc32c", b"zbk-floor"), master_key(b"zbk-floor")
+    payload = os.urandom(args.size)
+    ctx = zmq.Context()
+    socks = []
+    for b in bookies:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://{b}")
+        socks.append(s)
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    state = {"rid": 0, "entry": 0}
+
+    def add_one() -> float:
+        rid, eid = state["rid"] + 1, state["entry"]
+        state["rid"], state["entry"] = rid, eid + 1
+        started = time.perf_counter()
+        frames = encode(w.AddRequest(rid=rid, ledger_id=lid, master_key=mk, flags=w.AddFlag(0),
+                                     entries=[build_entry(lid, eid, eid - 1, payload, dg)]))
+        for s in socks:
+            s.send_multipart(frames, copy=False)
+        acks = 0
+        while acks < ack_quorum:
+            events = poller.poll(10_000)
+            if not events:
+                raise RuntimeError(f"entry {eid}: {acks} of {ack_quorum} answers within 10 s")
+            for s, _ in events:
+                while int(s.get(zmq.EVENTS)) & int(zmq.POLLIN):
+                    r = decode_response(s.recv_multipart())
+                    if r.rid != rid:  # the third bookie's answer to an earlier entry
+                        continue
+                    if r.status != 0:
+                        raise RuntimeError(f"entry {eid}: status {r.status}")
+                    acks += 1
+        return time.perf_counter() - started
+
+    def run(seconds: float) -> dict[str, Any]:
+        lat: list[float] = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            lat.append(add_one())
+        elapsed = time.perf_counter() - t0
+        lat.sort()
+        return {"entries": len(lat), "entry_size": args.size, "seconds": round(elapsed, 3),
+                "entries_per_s": round(len(lat) / elapsed, 1),
+                "p50_ms": round(pct(lat, 0.50) * 1000, 3), "p95_ms": round(pct(lat, 0.95) * 1000, 3),
+                "p99_ms": round(pct(lat, 0.99) * 1000, 3), "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0,
+                "ensemble": len(bookies), "write_quorum": len(bookies), "ack_quorum": ack_quorum, "window": 1}
+
+    try:
+        if args.warmup > 0:
+            run(args.warmup)
+        return run(args.seconds)
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
 
 
 async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,7 +223,12 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_main(args: argparse.Namespace) -> int:
     cpu0 = time.process_time()
-    report = zbk_worker(args) if args.worker == "zbk" else asyncio.run(_nats_bench(args))
+    if args.worker == "zbk":
+        report = zbk_worker(args)
+    elif args.worker == FLOOR:
+        report = floor_worker(args)
+    else:
+        report = asyncio.run(_nats_bench(args))
     # Warm-up and setup included: an upper bound on the client's own CPU share.
     report["client_cpu_s"] = round(time.process_time() - cpu0, 2)
     print(json.dumps(report))
@@ -156,11 +245,14 @@ def measure(system: str, window: int, args: argparse.Namespace, zbk: ZbkCluster,
             spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
             out = f"{args.profile_client}-w{window}-{int(time.time())}.txt"
             argv = [spy, "record", "--format", "raw", "--threads", "--rate", "200", "-o", out, "--", *argv]
+    elif system == FLOOR:
+        argv += ["--servers", ",".join(b.bookie_id for b in zbk.bookies)]
     else:
         argv += ["--servers", ",".join(f"{nd.name}={nd.url}" for nd in nats.nodes)]
+    on_zbk = system in ("zbk", FLOOR)
     load_before = loadavg()
-    before = [b.sums() for b in zbk.bookies] if system == "zbk" else []
-    servers = [b.pid for b in zbk.bookies] if system == "zbk" else [nd.pid for nd in nats.nodes]
+    before = [b.sums() for b in zbk.bookies] if on_zbk else []
+    servers = [b.pid for b in zbk.bookies] if on_zbk else [nd.pid for nd in nats.nodes]
     cpu0 = sum(cpu_seconds(p) for p in servers)
     t0 = time.perf_counter()
     r = run_json(argv, timeout_s=args.seconds + 2 * args.warmup + 120)
@@ -172,7 +264,7 @@ def measure(system: str, window: int, args: argparse.Namespace, zbk: ZbkCluster,
     r["server_cores"] = round(server_cpu / wall, 2)
     r["client_cores"] = round(r["client_cpu_s"] / wall, 2)
     r["worker_wall_s"] = round(wall, 2)
-    if system == "zbk":
+    if on_zbk:
         # Where an append's time goes inside the bookies (warm-up included): the bookie-side
         # add latency (request in -> response out) and the journal fsync, means over the run.
         d: dict[str, float] = {}
@@ -216,6 +308,12 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     out["ratios"] = {f"throughput_w{tw}": round(thr, 3), f"p50_w{lw}": round(p50, 3), f"p99_w{lw}": round(p99, 3)}
     out["targets"] = {f"throughput_w{tw} >= 2.0": thr >= 2.0, f"p50_w{lw} <= 0.7": p50 <= 0.7,
                       f"p99_w{lw} <= 1.0": p99 <= 1.0}
+    if any(r["system"] == FLOOR for r in runs):
+        f = out[FLOOR] = {k: figure(FLOOR, lw, k) for k in ("entries_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms",
+                                                             "server_cores", "client_cores", "bookie_add_mean_ms",
+                                                             "bookie_fsync_mean_ms")}
+        out["ratios"][f"floor_p50_w{lw}"] = round(f["p50_ms"]["median"] / n[f"p50_ms_w{lw}"]["median"], 3)
+        out["ratios"][f"floor_p99_w{lw}"] = round(f["p99_ms"]["median"] / n[f"p99_ms_w{lw}"]["median"], 3)
     return out
 
 
@@ -236,6 +334,14 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     r = summary["ratios"]
     print(f"zbk/NATS: throughput x{r[f'throughput_w{tw}']:.2f} (target >= 2.0), p50 x{r[f'p50_w{lw}']:.2f} "
           f"(target <= 0.7), p99 x{r[f'p99_w{lw}']:.2f} (target <= 1.0)")
+    f = summary.get(FLOOR)
+    if f:
+        target = 0.7 * summary["nats"][f"p50_ms_w{lw}"]["median"]
+        print(f"zbk floor (no client library), window {lw}: {fmt(f['entries_per_s'], 0)} entries/s, "
+              f"p50 {fmt(f['p50_ms'], 2)} ms, p99 {fmt(f['p99_ms'], 2)} ms; bookies' add {fmt(f['bookie_add_mean_ms'], 2)} ms, "
+              f"fsync {fmt(f['bookie_fsync_mean_ms'], 2)} ms (means)")
+        print(f"  floor/NATS: p50 x{r[f'floor_p50_w{lw}']:.2f}, p99 x{r[f'floor_p99_w{lw}']:.2f}; the p50 target "
+              f"(0.7 x NATS) is {target:.2f} ms, the floor's p50 {f['p50_ms']['median']:.2f} ms")
 
 
 def plot(summary: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Namespace, path: str) -> None:
@@ -288,6 +394,8 @@ def main() -> int:
     ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
                     help="spread: each NATS server confined to one CPU, round-robin (to set against "
                          "zbk's --set actor_cpus=spread)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run zbk's floor at the latency window: the same bookies, no client library")
     ap.add_argument("--plot", metavar="PNG", help="write a latency/throughput figure here")
     ap.add_argument("--json-out", metavar="FILE", help="also write the full report (every run) here")
     ap.add_argument("--max-seconds", type=float, default=900, help="bound on the whole run")
@@ -296,7 +404,7 @@ def main() -> int:
     ap.add_argument("--profile-client", metavar="PREFIX", help="run each zbk client under py-spy "
                     "(raw profile PREFIX-w<window>-<time>.txt)")
     # worker mode (internal)
-    ap.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=(*SYSTEMS, FLOOR), help=argparse.SUPPRESS)
     ap.add_argument("--window", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--metadata", help=argparse.SUPPRESS)
     ap.add_argument("--servers", help=argparse.SUPPRESS)
@@ -329,13 +437,14 @@ def main() -> int:
               flush=True)
         for rnd in range(args.rounds):
             for window in (args.throughput_window, args.latency_window):
-                for system in SYSTEMS:
+                floor = (FLOOR,) if args.floor and window == args.latency_window else ()
+                for system in (*SYSTEMS, *floor):
                     r = measure(system, window, args, zbk, nats)
                     r.update(system=system, round=rnd)
                     runs.append(r)
                     extra = (f"  [bookie: add {r['bookie_add_mean_ms']:.2f} ms, fsync {r['bookie_fsync_mean_ms']:.2f} ms, "
-                             f"{r['bookie_entries_per_fsync']:.0f} entries/fsync (means)]" if system == "zbk" else "")
-                    print(f"round {rnd + 1} {system:4} window {window:5}: {r['entries_per_s']:>9,.0f} entries/s  "
+                             f"{r['bookie_entries_per_fsync']:.0f} entries/fsync (means)]" if system != "nats" else "")
+                    print(f"round {rnd + 1} {system:9} window {window:5}: {r['entries_per_s']:>9,.0f} entries/s  "
                           f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  max {r['max_ms']:7.2f} ms  "
                           f"cores: servers {r['server_cores']:.2f} client {r['client_cores']:.2f}  "
                           f"(load {r['load_before']}){extra}", flush=True)
