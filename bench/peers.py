@@ -352,15 +352,20 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Nam
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     keys = ["p50_ms", "p95_ms", "p99_ms", "max_ms"]
-    colors = {"zbk": "tab:blue", "nats": "tab:orange"}
+    colors = {"zbk": "tab:blue", "nats": "tab:orange", FLOOR: "tab:gray"}
+    labels = {"zbk": "zbk E3 WQ3 AQ2", "nats": "NATS JetStream R3", FLOOR: "zbk floor (no client library)"}
     for ax, window in zip(axes[:2], (args.latency_window, args.throughput_window), strict=True):
-        for i, s in enumerate(SYSTEMS):
+        shown = [s for s in (*SYSTEMS, FLOOR) if any(r["system"] == s and r["window"] == window for r in runs)]
+        width = 0.76 / len(shown)
+        for i, s in enumerate(shown):
             mr = [median_range([r[k] for r in runs if r["system"] == s and r["window"] == window]) for k in keys]
-            xs = [j + (i - 0.5) * 0.38 for j in range(len(keys))]
+            xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(keys))]
             med = [m["median"] for m in mr]
             err = [[m["median"] - m["min"] for m in mr], [m["max"] - m["median"] for m in mr]]
-            ax.bar(xs, med, width=0.36, yerr=err, capsize=3, color=colors[s], label="zbk E3 WQ3 AQ2" if s == "zbk"
-                   else "NATS JetStream R3")
+            ax.bar(xs, med, width=width * 0.95, yerr=err, capsize=3, color=colors[s], label=labels[s])
+        if window == args.latency_window and "nats" in shown:
+            target = 0.7 * summary["nats"][f"p50_ms_w{window}"]["median"]
+            ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label=f"p50 target {target:.2f} ms")
         ax.set_xticks(range(len(keys)), [k.removesuffix("_ms") for k in keys])
         ax.set_yscale("log")
         ax.set_ylabel("append latency, ms (log)")
