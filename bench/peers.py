@@ -60,6 +60,17 @@ FLOOR = "zbk-floor"  # --floor: the same bookies without the client library (flo
 
 
 # -- workers (each in its own process) ---------------------------------------------------------
+def latency_report(lat: list[float], elapsed: float, size: int) -> dict[str, Any]:
+    """The fields a worker reports for ``lat`` (one latency in seconds per confirmed append,
+    sorted here) over ``elapsed`` seconds, as `zbk bench` reports them."""
+    lat.sort()
+    n = len(lat)
+    return {"entries": n, "entry_size": size, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1),
+            "mb_per_s": round(n * size / elapsed / 1e6, 2),
+            "p50_ms": round(pct(lat, 0.50) * 1000, 3), "p95_ms": round(pct(lat, 0.95) * 1000, 3),
+            "p99_ms": round(pct(lat, 0.99) * 1000, 3), "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0}
+
+
 def zbk_worker(args: argparse.Namespace) -> dict[str, Any]:
     from zbk.cli.bench import _bench
 
@@ -87,7 +98,9 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     ack_quorum = 2
     bookies = args.servers.split(",")
-    lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")  # not a ledger the client library made
+    # A raw ledger far above the metadata store's ids (they count up from 1); a clash would
+    # be refused (another master key: EUA), never mixed with a ledger of the client library.
+    lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")
     dg, mk = make_digest("crc32c", b"zbk-floor"), master_key(b"zbk-floor")
     payload = os.urandom(args.size)
     ctx = zmq.Context()
@@ -130,12 +143,7 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             lat.append(add_one())
-        elapsed = time.perf_counter() - t0
-        lat.sort()
-        return {"entries": len(lat), "entry_size": args.size, "seconds": round(elapsed, 3),
-                "entries_per_s": round(len(lat) / elapsed, 1),
-                "p50_ms": round(pct(lat, 0.50) * 1000, 3), "p95_ms": round(pct(lat, 0.95) * 1000, 3),
-                "p99_ms": round(pct(lat, 0.99) * 1000, 3), "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0,
+        return {**latency_report(lat, time.perf_counter() - t0, args.size),
                 "ensemble": len(bookies), "write_quorum": len(bookies), "ack_quorum": ack_quorum, "window": 1}
 
     try:
@@ -178,15 +186,13 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
             async def run(seconds: float) -> dict[str, Any]:
                 lat: list[float] = []
                 sem = asyncio.Semaphore(args.window)
-                done = 0
                 errors = 0
 
                 def finished(start: float, fut: asyncio.Future[Any]) -> None:
-                    nonlocal done, errors
+                    nonlocal errors
                     sem.release()
                     if not fut.cancelled() and fut.exception() is None:
                         lat.append(time.perf_counter() - start)
-                        done += 1
                     else:
                         errors += 1
 
@@ -201,12 +207,8 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = time.perf_counter() - t0
                 if errors:
                     raise RuntimeError(f"{errors} publishes failed")
-                lat.sort()
-                return {"entries": done, "entry_size": args.size, "seconds": round(elapsed, 3),
-                        "entries_per_s": round(done / elapsed, 1), "mb_per_s": round(done * args.size / elapsed / 1e6, 2),
-                        "p50_ms": round(pct(lat, 0.50) * 1000, 3), "p95_ms": round(pct(lat, 0.95) * 1000, 3),
-                        "p99_ms": round(pct(lat, 0.99) * 1000, 3), "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0,
-                        "replicas": 3, "window": args.window, "stream_leader": leader}
+                return {**latency_report(lat, elapsed, args.size), "replicas": 3, "window": args.window,
+                        "stream_leader": leader}
 
             if args.warmup > 0:
                 await run(args.warmup)
