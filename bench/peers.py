@@ -89,9 +89,12 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
     two EOK answers: E3 WQ3 AQ2 through the raw protocol with nothing else in the client.
     Every entry is built (header, digest) in the loop, as the client library builds it. The
     ledger has no metadata; the bench cluster's GC waits an hour, so it is not collected."""
+    import itertools
+
     import zmq
 
     from zbk.client.digest import make_digest, master_key
+    from zbk.client.raw import BookieConnection
     from zbk.wire import messages as w
     from zbk.wire.codec import decode_response, encode
     from zbk.wire.entry import build_entry
@@ -104,33 +107,29 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
     dg, mk = make_digest("crc32c", b"zbk-floor"), master_key(b"zbk-floor")
     payload = os.urandom(args.size)
     ctx = zmq.Context()
-    socks = []
-    for b in bookies:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(f"tcp://{b}")
-        socks.append(s)
+    conns = [BookieConnection(b, ctx=ctx) for b in bookies]
     poller = zmq.Poller()
-    for s in socks:
-        poller.register(s, zmq.POLLIN)
-    state = {"rid": 0, "entry": 0}
+    for c in conns:
+        poller.register(c.sock, zmq.POLLIN)
+    entry_ids = itertools.count()  # entry e goes out as request e + 1
+    events_opt, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
 
     def add_one() -> float:
-        rid, eid = state["rid"] + 1, state["entry"]
-        state["rid"], state["entry"] = rid, eid + 1
+        eid = next(entry_ids)
+        rid = eid + 1
         started = time.perf_counter()
         frames = encode(w.AddRequest(rid=rid, ledger_id=lid, master_key=mk, flags=w.AddFlag(0),
                                      entries=[build_entry(lid, eid, eid - 1, payload, dg)]))
-        for s in socks:
-            s.send_multipart(frames, copy=False)
+        for c in conns:
+            c.send_frames(frames)
         acks = 0
         while acks < ack_quorum:
             events = poller.poll(10_000)
             if not events:
                 raise RuntimeError(f"entry {eid}: {acks} of {ack_quorum} answers within 10 s")
-            for s, _ in events:
-                while int(s.get(zmq.EVENTS)) & int(zmq.POLLIN):
-                    r = decode_response(s.recv_multipart())
+            for sock, _ in events:
+                while int(sock.get(events_opt)) & pollin:
+                    r = decode_response(sock.recv_multipart())
                     if r.rid != rid:  # the third bookie's answer to an earlier entry
                         continue
                     if r.status != 0:
@@ -151,8 +150,8 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
             run(args.warmup)
         return run(args.seconds)
     finally:
-        for s in socks:
-            s.close(0)
+        for c in conns:
+            c.close()
         ctx.term()
 
 
