@@ -371,7 +371,8 @@ def _kill_wait(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
 # --- teardown on signals and at exit ---------------------------------------------------------
 
 _live: set[Network] = set()
-_installed = False
+_at_exit = False
+_on_signals = False
 _install_lock = threading.Lock()
 CLEANUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -387,14 +388,14 @@ def _install_cleanup() -> None:
     """atexit, and handlers for the signals that end a run (only the main thread may set
     them). Each handler tears down, then does what the signal did before: raise
     KeyboardInterrupt for SIGINT, or die of the signal."""
-    global _installed
+    global _at_exit, _on_signals
     with _install_lock:
-        if _installed:
-            return
-        _installed = True
-    atexit.register(close_all)
-    if threading.current_thread() is not threading.main_thread():
-        return
+        if not _at_exit:
+            _at_exit = True
+            atexit.register(close_all)
+        if _on_signals or threading.current_thread() is not threading.main_thread():
+            return  # a network built later on the main thread installs them
+        _on_signals = True
     for sig in CLEANUP_SIGNALS:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN:
