@@ -219,6 +219,10 @@ class History:
             h.events.extend(parse_lines(Path(path).read_bytes(), source, str(path), h.notes))
         return h
 
+    def ledgers(self) -> set[int]:
+        """Every ledger the history names: those whose final state the checker needs."""
+        return {ev.ledger for ev in self.events if ev.ledger is not None}
+
     @classmethod
     def parse(cls, *texts: str) -> History:
         """The history of in-memory files (``texts[i]`` is source ``i``)."""
