@@ -342,13 +342,15 @@ class HistoryRecorder:
 
     Thread-safe: one lock orders op ids, times and lines, so the file is in time order. One
     recorder per file, and the file must not exist yet (a history is never appended to by a
-    second run); or a text stream the caller owns. ``clock`` is the monotonic clock to stamp
-    events with (a simulation passes its virtual one).
+    second run); or a text stream the caller owns; or None, to record nothing (a workload
+    then calls the recorder whether or not a history was asked for). ``clock`` is the
+    monotonic clock to stamp events with (a simulation passes its virtual one).
     """
 
-    def __init__(self, sink: Path | str | IO[str], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sink: Path | str | IO[str] | None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._owned = isinstance(sink, str | Path)
         self._file: IO[str] | None = open(sink, "x", encoding="utf-8") if isinstance(sink, str | Path) else sink
+        self._discard = sink is None
         self._clock = clock
         self._lock = threading.Lock()
         self._next_op = 0
@@ -379,7 +381,7 @@ class HistoryRecorder:
     def _write(self, fields: dict[str, Any]) -> bool:
         # Under self._lock. The time is taken here so that it never goes backwards in the file.
         if self._file is None:
-            self.dropped += 1
+            self.dropped += not self._discard
             return False
         fields["time"] = self._clock()
         self._file.write(json.dumps(fields, separators=(",", ":")) + "\n")
@@ -411,7 +413,7 @@ class HistoryRecorder:
         head.update((k, v) for k, v in fields.items() if v is not None)
         with self._lock:
             if self._file is None:
-                self.dropped += 1
+                self.dropped += not self._discard
                 return
             assert op.id in self._open, f"{op} completed twice (or never invoked here)"
             self._open.discard(op.id)

@@ -51,8 +51,8 @@ FINAL_READ_ATTEMPTS = 3
 FINAL_READ_RETRY_S = 0.3
 
 
-def _settle(rec: HistoryRecorder, op: Op, err: BaseException, *, effect: bool,
-            entries: list[tuple[int, bytes]] | None = None) -> None:
+def record_error(rec: HistoryRecorder, op: Op, err: BaseException, *, effect: bool,
+                 entries: list[tuple[int, bytes]] | None = None) -> None:
     """Record ``err`` as the outcome of ``op``; ``effect``: the op may change the cluster."""
     if isinstance(err, INDETERMINATE) or (effect and not isinstance(err, REFUSED)):
         rec.info(op, err, entries=entries)
@@ -78,7 +78,7 @@ class RecordingClient:
         try:
             lh = await self.bk.create_ledger(ensemble, write_quorum, ack_quorum, **kw)
         except BaseException as e:
-            _settle(self.recorder, op, e, effect=True)
+            record_error(self.recorder, op, e, effect=True)
             raise
         self.recorder.ok(op, ledger=lh.ledger_id)
         return RecordingWriter(self, lh)
@@ -89,7 +89,7 @@ class RecordingClient:
         try:
             h = await self.bk.open_ledger(ledger_id, password=password, recovery=recovery)
         except BaseException as e:
-            _settle(self.recorder, op, e, effect=recovery)
+            record_error(self.recorder, op, e, effect=recovery)
             raise
         self.recorder.ok(op, last=h.md.last_entry_id if h.is_closed else h.last_add_confirmed, closed=h.is_closed)
         return RecordingReader(self, h)
@@ -113,7 +113,7 @@ class RecordingReader:
         try:
             lac = await self.handle.read_last_add_confirmed()
         except BaseException as e:
-            _settle(self._rec, op, e, effect=False)
+            record_error(self._rec, op, e, effect=False)
             raise
         self._rec.ok(op, last=lac)
         return lac
@@ -123,7 +123,7 @@ class RecordingReader:
         try:
             e = await self.handle.read_entry(entry_id)
         except BaseException as err:
-            _settle(self._rec, op, err, effect=False)
+            record_error(self._rec, op, err, effect=False)
             raise
         self._rec.ok(op, entries=[(e.entry_id, e.payload)])
         return e
@@ -141,7 +141,7 @@ class RecordingReader:
             self._rec.ok(op, entries=got)
             raise
         except BaseException as err:
-            _settle(self._rec, op, err, effect=False, entries=got)
+            record_error(self._rec, op, err, effect=False, entries=got)
             raise
         self._rec.ok(op, entries=got)
 
@@ -160,7 +160,7 @@ class RecordingReader:
                     self._rec.ok(op, entries=[], end=True)
                     return
                 except BaseException as err:
-                    _settle(self._rec, op, err, effect=False)
+                    record_error(self._rec, op, err, effect=False)
                     raise
                 self._rec.ok(op, entries=[(e.entry_id, e.payload)])
                 nxt = e.entry_id + 1
@@ -192,7 +192,7 @@ class RecordingWriter(RecordingReader):
         try:
             await self.handle.close()
         except BaseException as e:
-            _settle(self._rec, op, e, effect=True)
+            record_error(self._rec, op, e, effect=True)
             raise
         self._rec.ok(op, last=self.handle.md.last_entry_id)
 

@@ -122,3 +122,13 @@ def test_every_field_reads_back_as_written(tmp_path: Path) -> None:
     assert events[3] == Event("ok", 1, "r", "open", 7.5, ledger=2, last=9, closed=True)
     assert events[0].to_json() == {
         "type": "invoke", "op": 0, "process": "r", "kind": "tail", "time": 7.5, "ledger": 2, "first": 4, "view": "r/0"}
+
+
+def test_a_recorder_of_nothing_takes_every_call() -> None:
+    """A workload records unconditionally; without a history it passes None."""
+    rec = HistoryRecorder(None)
+    op = rec.invoke("w", "append", ledger=1, entry=0, payload=b"a")
+    rec.ok(op, entry=0)
+    rec.ok(op, entry=0)  # not even a second completion is noticed: nothing is kept
+    rec.close()
+    assert (rec.pending, rec.dropped) == (0, 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 from pathlib import Path
 
@@ -59,12 +60,20 @@ async def faulty_run(seed: int, path: Path) -> tuple[History, CheckResult]:
     lid = lh.ledger_id
     c.bookie(rng.choice(list(lh.handle.md.last_ensemble))).drop_rate = rng.choice([0.05, 0.2, 0.5])
 
+    fence_at = asyncio.Event()
+
     async def write() -> None:
+        """Appends in bursts; past a random point the recoverer is let loose, and from then
+        on the writer appends until the fenced handle refuses (each run ends with one)."""
         futs: list[asyncio.Future[int]] = []
+        n = rng.randint(50, 300)
+        fence_after = rng.randint(10, n)
         try:
-            for k in range(rng.randint(50, 300)):
+            for k in itertools.count():
                 futs.append(lh.append(payload(seed, lid, k)))
-                if k % 10 == 9:
+                if k == fence_after:
+                    fence_at.set()
+                if k % 10 == 9 or k >= n:
                     await asyncio.sleep(rng.uniform(0, 0.05))
         except ZbkError:
             pass  # fenced: refused from now on (recorded as fail)
@@ -79,7 +88,8 @@ async def faulty_run(seed: int, path: Path) -> tuple[History, CheckResult]:
                 pass
 
     async def recover(bk: AsyncBookKeeper) -> None:
-        await asyncio.sleep(rng.uniform(0.1, 3.0))
+        await fence_at.wait()
+        await asyncio.sleep(rng.uniform(0, 0.2))
         client = RecordingClient(bk, rec, "recoverer")
         while True:
             try:
