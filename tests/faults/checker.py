@@ -25,11 +25,12 @@ The properties
 ``indeterminate``  what a ledger holds beyond its acknowledged entries is what was appended,
                    in order: an indeterminate add (``info``, or never completed) may be
                    present or absent, but if appended entry k is present every earlier
-                   appended entry is; one present carries the payload sent for its id; and
-                   no entry is present (nor a close placed) beyond what was appended.
+                   appended entry is (an absent acknowledged one is reported as lost); one
+                   present carries the payload sent for its id; and no entry is present
+                   (nor a close placed) beyond what was appended.
 
-Appends judged by the last three properties are those of ledgers whose appends are in the
-history. A ``fail`` append claims no id and is judged by nothing. A ledger that is not
+``indeterminate`` judges the ledgers whose writer is in the history (a create or an
+append). A ``fail`` append claims no id and is judged by nothing. A ledger that is not
 closed in the final state is not judged for persistence (the report notes it).
 """
 
