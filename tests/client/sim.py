@@ -454,7 +454,7 @@ class SimBookie:
 
     def restart(self, boot: BootPolicy = NO_PROTECTION) -> int:
         """Start again after :meth:`crash`. With ``boot``, run BP-46 phase one as zbk's bookie
-        does (zbk/actors/bookie.py): each non-closed ledger with this bookie in an ensemble
+        does (zbk/bookie/boot.py): each non-closed ledger with this bookie in an ensemble
         becomes fenced and/or limbo, durably. Returns how many ledgers it marked."""
         assert not self.running, f"{self.id} is running"
         marked = 0

@@ -129,7 +129,7 @@ class BookieSpec:
         return describe_exit(code)
 
     def permanent_failure(self, code: int) -> str | None:
-        from zbk.actors.bookie import EXIT_COOKIE
+        from zbk.bookie.process import EXIT_COOKIE
 
         return "its data dir does not belong to this cluster's metadata" if code == EXIT_COOKIE else None
 
@@ -325,7 +325,7 @@ def spawn(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
 
 
 def describe_exit(code: int) -> str:
-    from zbk.actors.bookie import ACTOR_EXIT_BASE, ACTORS, EXIT_BOOT, EXIT_COOKIE
+    from zbk.bookie.process import ACTOR_EXIT_BASE, ACTORS, EXIT_BOOT, EXIT_COOKIE
 
     if code == 0:
         return "exit 0 (clean stop)"
