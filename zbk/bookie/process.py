@@ -25,7 +25,7 @@ import zmq
 
 from zbk.actors.base import ActorLoop, drop_handoff, pipe_address
 from zbk.actors.entrylogger import EntryLoggerCore
-from zbk.actors.gc import GcCore, GcSettings, GcStateFile
+from zbk.actors.gc import GcCore, GcSettings
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
@@ -37,6 +37,7 @@ from zbk.config import BookieConfig
 from zbk.errors import CookieMismatchError
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
+from zbk.storage.gcstate import GcStateFile
 from zbk.storage.journal import LogMark
 from zbk.wire.curve import CurveServer
 
