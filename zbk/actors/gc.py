@@ -4,8 +4,7 @@ logs that hold only dead data, and compacts sparse logs, throttled.
 :class:`GcCore` is the logic (messages and ticks in, messages out); the metadata listing and
 a tiny persisted state (:class:`GcStateStore`; on disk, zbk/storage/gcstate.py) are
 injected, so tests drive it with a ``ListOutbox`` and fakes. It never touches entry logs
-or the index itself: the EntryLogger
-and the IndexSyncer own those, and the GC asks.
+or the index itself: the EntryLogger and the IndexSyncer own those, and the GC asks.
 
 A run (every ``gc_wait_time_ms`` after the previous one ended, or at once on
 POST /api/v1/bookie/gc; one run at a time)
