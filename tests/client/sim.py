@@ -41,7 +41,8 @@ from typing import Any, Literal, TypeVar
 from zbk import limits
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
 from zbk.client.digest import master_key
-from zbk.client.handles import LedgerEntry, LedgerHandle, _request_then
+from zbk.client.dispatch import _request_then
+from zbk.client.handles import LedgerEntry, LedgerHandle
 from zbk.config import ClientConfig
 from zbk.errors import (
     BookieUnavailableError,
