@@ -31,7 +31,8 @@ from zbk.wire.entry import peek_entry_header
 from zbk.wire.errors import FrameError
 from zbk.wire.status import Status
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.actors.server")
 _SHARED_KEYS_MAX = 65536  # distinct master keys ServerCore.shared_key keeps
 Reply = Callable[[bytes, list[Any]], None]
 

@@ -21,7 +21,8 @@ from zbk.errors import (
 from zbk.wire import messages as w
 from zbk.wire.status import Status
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.client.handles")
 T = TypeVar("T")
 _ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keeps
 

@@ -31,7 +31,8 @@ from zbk.wire.entry import parse_entry
 from zbk.wire.ops import ReadFlag
 from zbk.wire.status import Status
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.client.handles")
 NO_FLAGS = ReadFlag(0)
 
 

@@ -30,7 +30,8 @@ from zbk.wire.entry import build_entry
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.client.handles")
 
 
 

@@ -49,7 +49,8 @@ from zbk.errors import (  # noqa: E402
 
 __all__ = ["etcdrpc", "grpc", "kv_pb2"]
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.metadata.etcd")
 
 deadline_s_default = 10.0  # a call keeps retrying across endpoints for this long
 rpc_timeout_s_default = 5.0  # one RPC attempt

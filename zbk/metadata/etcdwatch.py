@@ -30,7 +30,8 @@ from zbk.metadata.etcdconn import (
 from zbk.metadata.sqlite import ErrorCallback, prefix_end
 from zbk.metadata.store import WatchCallback, WatchEvent
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.metadata.etcd")
 
 
 class _WatchedStore(Protocol):

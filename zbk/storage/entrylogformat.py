@@ -45,7 +45,6 @@ Crash recovery ("sealing")
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import struct
@@ -58,8 +57,6 @@ from crc32c import crc32c
 
 from zbk import limits
 from zbk.errors import CorruptDataError
-
-log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 LOG_MAGIC = b"ZBKELOG\x00"

@@ -23,7 +23,8 @@ from crc32c import crc32c
 
 from zbk.storage.disk import REAL_DISK, Disk
 
-log = logging.getLogger(__name__)
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.actors.gc")
 
 
 class GcStateFile:
