@@ -65,7 +65,7 @@ ledger_cache_bytes_max_default = 64 * 1024 * 1024  # index pages held in memory
 # Index file descriptors a bookie keeps open (LRU; BookKeeper's openFileLimit is 20,000): a
 # checkpoint of 10,000 ledgers re-opened 9,000 files each time with 1,024 (issue #8). 16,000
 # fits beside fds_reserved under a limit of 20,000; the bookie takes fewer (and says so)
-# when its descriptor limit is lower (zbk/actors/bookie.py, _index_files_open_max).
+# when its descriptor limit is lower (zbk/bookie/boot.py, _index_files_open_max).
 index_files_open_max_default = 16_000
 fds_reserved = 1024  # descriptors left for sockets, logs, journal, metadata store, HTTP
 index_page_entries = 1024  # slots per index page

@@ -32,7 +32,6 @@ from zbk.actors.gc import (
     MINOR,
     GcCore,
     GcSettings,
-    GcStateFile,
     compaction_candidates,
     dead_logs,
     deleted_ledgers,
@@ -64,6 +63,7 @@ from zbk.actors.server import LedgerState, PendingAdd, ServerCore
 from zbk.client.digest import make_digest, master_key
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import OFFSET_BITS, RECORD_HEADER_BYTES, EntryLogWriter, make_location, scan_file
+from zbk.storage.gcstate import GcStateFile
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
 from zbk.storage.markers import read_last_mark, write_last_mark

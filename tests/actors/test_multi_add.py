@@ -201,7 +201,7 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
 def test_observe_many_is_n_observes_of_a_histogram():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from zbk.actors.server import _observe_many
+    from zbk.actors.serverbase import _observe_many
     from zbk.limits import LATENCY_BUCKETS
 
     def samples(h: Histogram) -> dict[tuple[str, str], float]:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from helpers.procs import free_port
 
-import zbk.actors.bookie as bookie_module
-from zbk.actors.bookie import Bookie
+import zbk.bookie.registration as bookie_module
+from zbk.bookie.process import Bookie
 from zbk.config import BookieConfig
 from zbk.metadata import layout
 from zbk.metadata.uri import open_store

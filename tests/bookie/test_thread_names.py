@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import free_port
 
-from zbk.actors.bookie import Bookie
+from zbk.bookie.process import Bookie
 from zbk.config import BookieConfig
 from zbk.osthread import name_current_thread
 

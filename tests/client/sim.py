@@ -41,7 +41,8 @@ from typing import Any, Literal, TypeVar
 from zbk import limits
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
 from zbk.client.digest import master_key
-from zbk.client.handles import LedgerEntry, LedgerHandle, _request_then
+from zbk.client.dispatch import _request_then
+from zbk.client.handles import LedgerEntry, LedgerHandle
 from zbk.config import ClientConfig
 from zbk.errors import (
     BookieUnavailableError,
@@ -454,7 +455,7 @@ class SimBookie:
 
     def restart(self, boot: BootPolicy = NO_PROTECTION) -> int:
         """Start again after :meth:`crash`. With ``boot``, run BP-46 phase one as zbk's bookie
-        does (zbk/actors/bookie.py): each non-closed ledger with this bookie in an ensemble
+        does (zbk/bookie/boot.py): each non-closed ledger with this bookie in an ensemble
         becomes fenced and/or limbo, durably. Returns how many ledgers it marked."""
         assert not self.running, f"{self.id} is running"
         marked = 0

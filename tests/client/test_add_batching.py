@@ -16,7 +16,8 @@ import asyncio
 from typing import Any
 
 from zbk import limits
-from zbk.client.handles import LedgerHandle, _Add, _Batch, _pack
+from zbk.client.dispatch import _pack
+from zbk.client.writing import LedgerHandle, _Add, _Batch
 from zbk.wire import messages as w
 from zbk.wire.entry import peek_entry_header
 from zbk.wire.status import Status

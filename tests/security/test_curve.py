@@ -1,6 +1,6 @@
 """ZeroMQ CURVE on a bookie: authorized clients work, everyone else gets nothing.
 
-The bookie runs in this process (``zbk.actors.bookie.Bookie``, real sockets on loopback,
+The bookie runs in this process (``zbk.bookie.process.Bookie``, real sockets on loopback,
 real actors and disks), built from a BookieConfig with the CURVE keys, which the bookie
 applies to its Server socket itself. Clients: the real client (``zbk.BookKeeper`` with the
 CURVE keys in its ClientConfig) and raw DEALER sockets; and once, a `zbk bookie` process.
@@ -22,7 +22,7 @@ import zmq
 from helpers.procs import free_port
 
 import zbk
-from zbk.actors.bookie import Bookie
+from zbk.bookie.process import Bookie
 from zbk.client.raw import BookieConnection
 from zbk.client.transport import ZmqTransport
 from zbk.config import BookieConfig, ClientConfig

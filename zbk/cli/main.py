@@ -32,7 +32,7 @@ def _bookie(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from zbk.actors.bookie import run_bookie
+    from zbk.bookie.process import run_bookie
     from zbk.config import BookieConfig, load
 
     explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
