@@ -8,6 +8,8 @@ apt_install() {
   local need=()
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  # fuse3 (fusermount3, libfuse3) for the power-loss layer of the fault tests (tests/faults).
+  command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
   # Java for local Spark (the spark extra's tests); only when the spark extra is asked for.
   case ",${ZBK_EXTRAS:-dev}," in
     *,spark,*) command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless) ;;
