@@ -11,10 +11,14 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+import zbk
 
 from .powerloss import BLOCK_BYTES, PowerLossMount, is_mounted
 
@@ -252,3 +256,70 @@ def test_the_layer_answers_eio_after_a_cut_until_it_is_mounted_again(layer):
     layer.restart()
     assert os.listdir(m) == []  # the file's name was never made durable
 
+
+# --- the index checkpoint on the layer ---------------------------------------------------------
+
+_INDEX_WRITER = """
+import sys, time
+from zbk.storage import ledgercache
+from zbk.storage.entrylog import make_location
+if sys.argv[2] == "trust-syncfs":  # what a bookie did before it knew that FUSE ignores syncfs
+    ledgercache.syncfs_untrusted_fs = lambda path: None
+cache = ledgercache.LedgerCache([sys.argv[1]])
+for lid in range(20):
+    for eid in range(50):
+        cache.put(lid, eid, make_location(1, 24 + 100 * eid))
+cache.flush()
+print(cache.sync_mode, flush=True)
+time.sleep(600)
+"""
+
+
+def _checkpoint_then_cut(layer: PowerLossMount, mode: str) -> tuple[str, list[tuple[int, int]]]:
+    """A child process flushes an index checkpoint to the layer and is killed in a cut;
+    returns its sync mode and the (ledger, entry) pairs the checkpoint lost."""
+    from zbk.storage.ledgercache import LedgerCache
+
+    index_dir = layer.mountpoint / "index"
+    index_dir.mkdir()
+    _fsync_dir(layer.mountpoint)
+    child = subprocess.Popen([sys.executable, "-c", _INDEX_WRITER, str(index_dir), mode],
+                             stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(Path(zbk.__file__).parents[1])))
+    try:
+        assert child.stdout is not None
+        sync_mode = child.stdout.readline().decode().strip()
+        assert sync_mode, "the index writer died"
+        layer.cut(kill_pids=(child.pid,))
+    finally:
+        child.kill()
+        child.wait(10)
+    layer.restart()
+    lost: list[tuple[int, int]] = []
+    try:
+        cache = LedgerCache([str(index_dir)])
+        lost = [(lid, eid) for lid in range(20) for eid in range(50) if cache.get(lid, eid) is None]
+    except Exception:  # noqa: BLE001 - a damaged index is a loss too
+        lost = [(-1, -1)]
+    return sync_mode, lost
+
+
+def test_the_layer_is_a_file_system_whose_syncfs_a_bookie_does_not_trust(layer):
+    from zbk.storage.disk import syncfs_untrusted_fs
+
+    assert syncfs_untrusted_fs(str(layer.mountpoint)) == "fuse.powerloss"
+    assert syncfs_untrusted_fs(str(layer.backing)) is None
+
+
+def test_an_index_checkpoint_on_the_layer_fsyncs_each_file_and_survives_a_cut(layer):
+    mode, lost = _checkpoint_then_cut(layer, "default")
+    assert mode == "fsync" and lost == []
+
+
+def test_an_index_checkpoint_that_trusted_syncfs_on_the_layer_is_lost_in_a_cut(layer):
+    """Why the detection exists: the same checkpoint made durable by syncfs is gone."""
+    from zbk.storage.disk import SYNCFS_REPORTS_ERRORS
+
+    if not SYNCFS_REPORTS_ERRORS:
+        pytest.skip("this kernel's syncfs does not report writeback errors: zbk never uses it")
+    mode, lost = _checkpoint_then_cut(layer, "trust-syncfs")
+    assert mode == "syncfs" and lost, "a checkpoint made durable by syncfs survived a cut on FUSE"

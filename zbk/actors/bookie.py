@@ -201,7 +201,7 @@ class Bookie:
         else:
             log.info("index: checkpoints fsync each index file (%s)",
                      "index_flush_syncfs = false" if not self.cfg.index_flush_syncfs
-                     else "this kernel's syncfs does not report writeback errors")
+                     else "syncfs is not trusted on this kernel or file system")
         replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
         phase_one = closed_lacking = 0
