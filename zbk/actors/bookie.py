@@ -58,7 +58,7 @@ from zbk.metadata.uri import open_store
 from zbk.metrics.http import AdminHttpServer
 from zbk.storage import cookie as cookies
 from zbk.storage import markers
-from zbk.storage.disk import raise_open_files_limit
+from zbk.storage.disk import makedirs_durable, raise_open_files_limit
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -181,7 +181,7 @@ class Bookie:
 
     def boot(self) -> BootReport:
         for d in self._all_dirs():
-            os.makedirs(d, exist_ok=True)
+            makedirs_durable(d)
         cookie_fixed = self._check_cookies()
         unclean = markers.was_dirty(self.index_dir)
         markers.mark_dirty(self.index_dir)
