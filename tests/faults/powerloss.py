@@ -737,6 +737,18 @@ class PowerLossMount:
             raise AssertionError(f"{self.mountpoint} is still mounted")
 
 
+def require_fuse() -> None:
+    """Fail (never skip) where the layer cannot run: it needs /dev/fuse, fuse3 and mfusepy."""
+    import pytest
+
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.fail("the power-loss layer needs /dev/fuse and fuse3 (apt-get install fuse3)")
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as e:  # OSError: mfusepy found no libfuse
+        pytest.fail(f"the power-loss layer needs mfusepy and libfuse3 (scripts/setup.sh): {e}")
+
+
 def is_mounted(path: Path) -> bool:
     """Whether ``path`` is a mount point, from /proc/self/mountinfo (a stat of a dead
     FUSE mount would fail or hang)."""

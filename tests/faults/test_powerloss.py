@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,21 +19,12 @@ import pytest
 
 import zbk
 
-from .powerloss import BLOCK_BYTES, PowerLossMount, is_mounted
-
-
-def _require_fuse() -> None:
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        pytest.fail("the power-loss layer needs /dev/fuse and fuse3 (apt-get install fuse3)")
-    try:
-        import mfusepy  # noqa: F401
-    except ImportError as e:
-        pytest.fail(f"the power-loss layer needs mfusepy (pip install -e '.[dev]'): {e}")
+from .powerloss import BLOCK_BYTES, PowerLossMount, is_mounted, require_fuse
 
 
 @pytest.fixture
 def layer(tmp_path: Path) -> Iterator[PowerLossMount]:
-    _require_fuse()
+    require_fuse()
     fs = PowerLossMount(tmp_path / "disk", tmp_path / "mnt")
     try:
         yield fs.mount()
