@@ -31,7 +31,12 @@ unsynced write of each file is kept: a write torn by the power loss. A write her
 request as the kernel hands it over: a large ``write(2)`` may arrive as several, split at
 page boundaries. The backing directory
 then holds exactly what was durable, and the daemon answers every later operation with
-EIO (the disk is gone) until it is unmounted and a new one mounted for the restart.
+EIO (the disk is gone) until it is unmounted and a new one mounted for the restart. An
+unmount without a cut keeps the live state, as a clean shutdown that synced everything.
+
+Not modelled: hole punching and other fallocate modes (EOPNOTSUPP), and rename flags
+(mfusepy drops them, so RENAME_NOREPLACE and RENAME_EXCHANGE act as a plain rename);
+extended attributes are not offered.
 
 The daemon is this file run as a script (``python powerloss.py --backing B --mount M
 --control SOCK``), a separate process driven over a Unix socket with one JSON line per

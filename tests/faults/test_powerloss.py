@@ -122,6 +122,21 @@ def test_a_rename_across_directories_needs_both_fsynced(layer):
     assert (m / "a" / "f").read_bytes() == b"x" and (m / "b" / "f").read_bytes() == b"x"
 
 
+def test_a_directory_rename_without_fsyncs_is_undone_with_all_below_it(layer):
+    m = layer.mountpoint
+    (m / "a" / "x").mkdir(parents=True)
+    (m / "b").mkdir()
+    _write(m / "a" / "x" / "f", b"f", sync=True)
+    for d in (m, m / "a", m / "a" / "x"):
+        _fsync_dir(d)
+    os.rename(m / "a" / "x", m / "b" / "x")  # a durable directory moves...
+    _write(m / "b" / "x" / "g", b"g", sync=True)  # ...gets a new file...
+    os.rename(m / "b", m / "c")  # ...and its new parent is renamed too
+    _cut(layer)
+    assert sorted(os.listdir(m)) == ["a", "b"] and os.listdir(m / "b") == []
+    assert os.listdir(m / "a" / "x") == ["f"] and (m / "a" / "x" / "f").read_bytes() == b"f"
+
+
 def test_a_created_file_vanishes_without_an_fsync_of_its_directory(layer):
     m = layer.mountpoint
     _write(m / "f", b"fsynced data, but no directory fsync", sync=True)
@@ -216,6 +231,11 @@ def test_a_truncate_without_fsync_is_undone(layer):
     _fsync_dir(m)
     os.truncate(m / "f", 5)
     _write(m / "f", b"new", offset=BLOCK_BYTES * 2, create=False)
+    _cut(layer)
+    assert (m / "f").read_bytes() == body
+    with open(m / "f", "wb") as f:  # O_TRUNC
+        f.write(b"replaced")
+    assert (m / "f").read_bytes() == b"replaced"
     _cut(layer)
     assert (m / "f").read_bytes() == body
 
