@@ -22,17 +22,17 @@ this layer, as on any file system whose syncfs cannot be trusted, it makes nothi
 durable. Nothing in the model depends on the backing directory's own durability: the host
 does not lose power, only this layer pretends to.
 
-A cut (``PowerLossMount.cut``) first sends SIGKILL to the processes it is given, while it
-holds the lock that every changing operation takes, so that no operation lands between
-the kill and the cut. Then it undoes everything volatile: every file with unsynced data is
-cut to its durable size and its saved blocks are written back, then every recorded name
-is put back to what it durably was. With ``torn``, a random (seeded) prefix of the last
-unsynced write of each file is kept: a write torn by the power loss. A write here is one
-request as the kernel hands it over: a large ``write(2)`` may arrive as several, split at
-page boundaries. The backing directory
-then holds exactly what was durable, and the daemon answers every later operation with
-EIO (the disk is gone) until it is unmounted and a new one mounted for the restart. An
-unmount without a cut keeps the live state, as a clean shutdown that synced everything.
+A cut (``PowerLossMount.cut``, powerloss_mount.py) first sends SIGKILL to the processes
+it is given, while it holds the lock that every changing operation takes, so that no
+operation lands between the kill and the cut. Then it undoes everything volatile: every
+file with unsynced data is cut to its durable size and its saved blocks are written back,
+then every recorded name is put back to what it durably was. With ``torn``, a random
+(seeded) prefix of the last unsynced write of each file is kept: a write torn by the power
+loss. A write here is one request as the kernel hands it over: a large ``write(2)`` may
+arrive as several, split at page boundaries. The backing directory then holds exactly
+what was durable, and the daemon answers every later operation with EIO (the disk is
+gone) until it is unmounted and a new one mounted for the restart. An unmount without a
+cut keeps the live state, as a clean shutdown that synced everything.
 
 Not modelled: hole punching and other fallocate modes (EOPNOTSUPP), and rename flags
 (mfusepy drops them, so RENAME_NOREPLACE and RENAME_EXCHANGE act as a plain rename);
@@ -40,10 +40,9 @@ extended attributes are not offered.
 
 The daemon is this file run as a script (``python powerloss.py --backing B --mount M
 --control SOCK``), a separate process driven over a Unix socket with one JSON line per
-request; :class:`PowerLossMount` starts it, drives it, and stops it by PID. The binding
-is mfusepy (ctypes over libfuse 3's high-level, path-based API): pure Python, so no
-compiler is needed, and maintained, where pyfuse3 and llfuse say they are no longer
-developed.
+request; ``PowerLossMount`` starts it, drives it, and stops it by PID. The binding is
+mfusepy (ctypes over libfuse 3's high-level, path-based API): pure Python, so no compiler
+is needed, and maintained, where pyfuse3 and llfuse say they are no longer developed.
 """
 
 from __future__ import annotations
@@ -59,12 +58,9 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 BLOCK_BYTES = 4096
@@ -646,124 +642,6 @@ def main(argv: list[str] | None = None) -> None:
         if e.args != (8,):
             raise
     log.info("unmounted: %s", state.stats())
-
-
-# --- the harness -----------------------------------------------------------------------------
-
-
-class PowerLossMount:
-    """The layer over ``backing``, mounted at ``mountpoint`` by a daemon process that this
-    object starts and stops by PID. Use as a context manager, or call :meth:`unmount` in a
-    ``finally``: the mount is removed on success, failure and Ctrl-C alike."""
-
-    def __init__(self, backing: Path, mountpoint: Path, *, log_path: Path | None = None) -> None:
-        self.backing = Path(backing)
-        self.mountpoint = Path(mountpoint)
-        self.control = self.backing.parent / f".{self.backing.name}.control.sock"
-        self.log_path = log_path or self.backing.parent / f"{self.backing.name}.powerloss.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> PowerLossMount:
-        return self.mount()
-
-    def __exit__(self, *exc: object) -> None:
-        self.unmount()
-
-    def mount(self, timeout_s: float = 20.0) -> PowerLossMount:
-        from helpers.procs import start_process, tail
-
-        assert self.proc is None, "already mounted"
-        self.backing.mkdir(parents=True, exist_ok=True)
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        if self.control.exists():
-            self.control.unlink()
-        argv = [sys.executable, __file__, "--backing", str(self.backing), "--mount", str(self.mountpoint),
-                "--control", str(self.control)]
-        self.proc = start_process(argv, self.log_path)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not (is_mounted(self.mountpoint) and self._ping()):
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"powerloss daemon exited with {self.proc.returncode}:\n"
-                                         f"{tail(self.log_path)}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"powerloss layer not mounted in {timeout_s}s:\n{tail(self.log_path)}")
-                time.sleep(0.05)
-        except BaseException:
-            self.unmount()
-            raise
-        return self
-
-    def _ping(self) -> bool:
-        try:
-            return bool(self.request({"op": "ping"}, timeout_s=1.0).get("ok"))
-        except OSError:
-            return False
-
-    def request(self, req: dict[str, Any], *, timeout_s: float = 60.0) -> dict[str, Any]:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(str(self.control))
-            with s.makefile("rwb") as f:
-                f.write(json.dumps(req).encode() + b"\n")
-                f.flush()
-                reply: dict[str, Any] = json.loads(f.readline())
-        if "error" in reply:
-            raise AssertionError(f"powerloss daemon: {reply['error']}")
-        return reply
-
-    def stats(self) -> dict[str, Any]:
-        return self.request({"op": "stats"})
-
-    def cut(self, *, torn: bool = False, seed: int = 0, kill_pids: tuple[int, ...] = ()) -> dict[str, Any]:
-        """The power cut: SIGKILL to ``kill_pids``, then everything volatile is dropped (a
-        random prefix of each file's last unsynced write kept with ``torn``). The layer
-        answers EIO from then on; :meth:`restart` brings it back on what was durable."""
-        return self.request({"op": "cut", "torn": torn, "seed": seed, "kill_pids": list(kill_pids)})
-
-    def restart(self) -> PowerLossMount:
-        """Unmount and mount again: what processes see afterwards is what was durable."""
-        self.unmount()
-        return self.mount()
-
-    def unmount(self) -> None:
-        """Stop the daemon by its PID (SIGTERM: libfuse unmounts on its way out), then make
-        sure nothing stays mounted (fusermount3 -u, then a lazy umount)."""
-        from helpers.procs import stop_process
-
-        if self.proc is not None:
-            stop_process(self.proc, timeout_s=10.0)
-            self.proc = None
-        for cmd in (["fusermount3", "-u", "-q", str(self.mountpoint)], ["umount", "-l", str(self.mountpoint)]):
-            if not is_mounted(self.mountpoint):
-                break
-            subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-        if is_mounted(self.mountpoint):
-            raise AssertionError(f"{self.mountpoint} is still mounted")
-
-
-def require_fuse() -> None:
-    """Fail (never skip) where the layer cannot run: it needs /dev/fuse, fuse3 and mfusepy."""
-    import pytest
-
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        pytest.fail("the power-loss layer needs /dev/fuse and fuse3 (apt-get install fuse3)")
-    try:
-        import mfusepy  # noqa: F401
-    except (ImportError, OSError) as e:  # OSError: mfusepy found no libfuse
-        pytest.fail(f"the power-loss layer needs mfusepy and libfuse3 (scripts/setup.sh): {e}")
-
-
-def is_mounted(path: Path) -> bool:
-    """Whether ``path`` is a mount point, from /proc/self/mountinfo (a stat of a dead
-    FUSE mount would fail or hang)."""
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            mount_point = line.split()[4].replace("\\040", " ")
-            if mount_point == target:
-                return True
-    return False
 
 
 if __name__ == "__main__":

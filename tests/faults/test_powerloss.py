@@ -19,7 +19,8 @@ import pytest
 
 import zbk
 
-from .powerloss import BLOCK_BYTES, PowerLossMount, is_mounted, require_fuse
+from .powerloss import BLOCK_BYTES
+from .powerloss_mount import PowerLossMount, is_mounted, require_fuse
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from zbk.errors import ZbkError
 from zbk.wire.entry import parse_entry
 from zbk.wire.status import Status
 
-from .powerloss import PowerLossMount, require_fuse
+from .powerloss_mount import PowerLossMount, require_fuse
 
 LEDGERS = 20
 BATCH = 5
