@@ -47,7 +47,7 @@ from zbk.metadata.uri import open_store
 from zbk.metrics.http import AdminHttpServer
 from zbk.storage import cookie as cookies
 from zbk.storage import markers
-from zbk.storage.disk import raise_open_files_limit
+from zbk.storage.disk import makedirs_durable, raise_open_files_limit
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -167,7 +167,7 @@ class BookieBoot:
 
     def boot(self) -> BootReport:
         for d in self._all_dirs():
-            os.makedirs(d, exist_ok=True)
+            makedirs_durable(d)
         cookie_fixed = self._check_cookies()
         unclean = markers.was_dirty(self.index_dir)
         markers.mark_dirty(self.index_dir)
@@ -187,7 +187,7 @@ class BookieBoot:
         else:
             log.info("index: checkpoints fsync each index file (%s)",
                      "index_flush_syncfs = false" if not self.cfg.index_flush_syncfs
-                     else "this kernel's syncfs does not report writeback errors")
+                     else "syncfs is not trusted on this kernel or file system")
         replayed = self._replay(journal_replaced=cookie_fixed)
         durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
         phase_one = closed_lacking = 0

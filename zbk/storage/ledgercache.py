@@ -13,7 +13,9 @@ reported to the flush, which then fails and leaves its pages dirty (as a failed 
 does). A checkpoint of 10,000 ledgers with one new entry each took 1.2 s and 0.5 s of the
 machine's CPU with fsyncs, 0.2 s and 0.16 s with syncfs (bench/storage_micro.py,
 "index flush"). The price: a syncfs also writes back whatever else is dirty on that file
-system; on one shared with heavy writers, set ``index_flush_syncfs = false``.
+system; on one shared with heavy writers, set ``index_flush_syncfs = false``. Where an
+index directory is on a file system whose syncfs makes nothing durable (FUSE:
+:func:`zbk.storage.disk.syncfs_untrusted_fs`), flushes fsync each file, with a warning.
 
 Memory: pages are ``PAGE_BYTES`` each (16 KiB with 1024 entries per page). Clean pages
 are evicted least-recently-used first when the cache holds more than ``bytes_max``. A
@@ -39,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from zbk import limits
 from zbk.errors import BadRequestError, CorruptDataError
 from zbk.storage import index
-from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk
+from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk, syncfs_untrusted_fs
 from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
 from zbk.storage.ledgerfiles import FILES_OPEN_MAX_DEFAULT, LedgerFiles, _Ledger
 from zbk.storage.ledgerpages import (
@@ -93,7 +95,11 @@ class LedgerCache(LedgerPages):
         # One directory descriptor per file system of the index directories, for syncfs
         # (see the module doc): opened now, before any write a flush must cover.
         self._fs_fds: list[int] = []
-        if syncfs and SYNCFS_REPORTS_ERRORS:
+        untrusted = [(d, t) for d in self._dirs if (t := syncfs_untrusted_fs(d))] if syncfs else []
+        if untrusted and SYNCFS_REPORTS_ERRORS:
+            log.warning("index: syncfs cannot be trusted on %s, so checkpoints fsync each index file "
+                        "(a syncfs reaches no FUSE daemon)", ", ".join(f"{d} ({t})" for d, t in untrusted))
+        if syncfs and SYNCFS_REPORTS_ERRORS and not untrusted:
             devices: set[int] = set()
             for d in self._dirs:
                 fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
