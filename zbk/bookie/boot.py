@@ -22,7 +22,6 @@ The later steps (start the actors, register, serve) are zbk/bookie/process.py's.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
