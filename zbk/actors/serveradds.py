@@ -32,7 +32,7 @@ _DEFERRED_SYNC = int(w.AddFlag.DEFERRED_SYNC)
 
 
 class ServerAdds(ServerReads):
-    # MULTI_ADD (client-side coalescing, performance issue #8) ------------------------------
+    # MULTI_ADD (the adds of many ledgers in one request, coalesced by the client) ----------
     # Each part is checked exactly as an ADD_ENTRY would be (_admit_add) and gets its own
     # status; the accepted parts then travel the actors as ONE unit: one AppendBatch with a
     # ledger id per entry, one Appended, one group of journal records, one IndexPut, and one

@@ -45,7 +45,7 @@ class LedgerState:
     lac: int = -1  # highest LAC piggybacked on an acknowledged add, or set explicitly
     last_entry_id: int = -1  # highest entry id acknowledged here
     # Long polls waiting for the LAC to pass theirs; None when there are none (an empty list
-    # per ledger was 56 bytes of each of 100,000 ledgers' state).
+    # per ledger would be 56 bytes of each of 100,000 ledgers' state).
     waiters: list[LongPoll] | None = None
 
 
@@ -107,7 +107,7 @@ class ServerBase:
         self.ledgers = ledgers
         # Master keys by value, so that ledgers of one password share one bytes object: a
         # MULTI_ADD compares a key per part, and with thousands of ledgers a key object of
-        # each ledger's own was one more cold object per entry (performance issue #8).
+        # each ledger's own would be one more cold object to reach per entry.
         self.keys: dict[bytes, bytes] = {}
         for state in ledgers.values():
             if state.master_key is not None:
@@ -191,9 +191,9 @@ class ServerBase:
     # exactly as when each went out at once (ordering arguments 1 and 2 of messages.py hold
     # unchanged). The Server's tick (50 ms), and a bound in entries, send them otherwise;
     # the loop's teardown sends what is left, and the bookie's stop applies what its
-    # IndexSyncer did not read (Bookie.stop). Why: at low rates each add woke the IndexSyncer
-    # thread for one slot (~65 us of CPU per add on this project's 2-core VM, a tenth of a
-    # bookie's CPU per window-1 add).
+    # IndexSyncer did not read (Bookie.stop). Why: at low rates each add would wake the
+    # IndexSyncer thread for one slot, a thread hand-over that costs far more CPU than the
+    # slot itself.
     def _hold_put(self, msg: Appended) -> None:
         self.held_puts.append(msg)
         self.held_put_entries += len(msg.entry_ids)

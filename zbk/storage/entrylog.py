@@ -18,9 +18,9 @@ Page cache ("drop behind", ``keep_cached_bytes``)
     (``writeback_bytes`` starts their writeback early). Why: data written once and read
     rarely would otherwise keep asking the kernel for new memory. Freed pages are reused
     by the next writes at once; new ones cost reclaim on a full machine, and on a VM whose
-    balloon reports free memory to the host, a fault into the host per page. Measured on
-    this project's VM (``bench/ab.py``, three bookies at window 1,000, 2026-11-24): 50,096
-    against 55,482 entries/s, system CPU 30-35 % against 18-26 %. Reads of older entries
+    balloon reports free memory to the host, a fault into the host per page.
+    ``bench/ab.py --a-set entry_log_keep_cached_mb=0`` measures the gain (docs/performance.md,
+    "What limits throughput at window 1,000"). Reads of older entries
     are served from disk (with the kernel's readahead). ``keep_cached_bytes=0``: caching is
     left to the kernel.
 

@@ -7,8 +7,8 @@ Preallocation
     (written, not fallocated: unwritten extents need metadata updates too). A write into
     space that already exists does not change the file's size or block map, so the fsync
     of a small batch flushes its data alone instead of also committing the file system's
-    journal: on this project's ext4 machine, three bookies' concurrent 1 KiB syncs went
-    from 215 to 162 us at p50 and from 470 to 275 us at p99. (BookKeeper does the same,
+    journal; on ext4 that commit lengthens small syncs, their tail most of all when several
+    bookies sync at once. (BookKeeper does the same,
     ``journalPreAllocSizeMB``.) The zeros are part of no record: replay stops at the first
     record whose length is 0, and a tail that is all zeros is the unused preallocation,
     truncated without a warning. A segment is cut back to its last record before it is
@@ -33,8 +33,8 @@ Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
     and contents; records overwrite the old ones in place. The point is the page cache: a
     new file's pages are memory the kernel must allocate (and, on a VM whose balloon
     reports free pages, the host must fault in again), while a recycled file's pages are
-    still cached; in a bookie at 45,000 entries/s, filling new journal pages was a tenth of
-    the machine's CPU (``perf``, 2026-11-24; docs/performance.md).
+    still cached. ``bench/pagecache.py`` measures what writing into new pages costs
+    (docs/performance.md, "Storage").
 
     The old records after the new ones must never replay as part of the new segment. They
     cannot: every record's crc32c starts from a seed derived from its segment's id, so a

@@ -4,7 +4,7 @@
 page and header and makes them durable (checkpoint step two, after the entry logs were
 flushed, so an index on disk never points at entry-log bytes that are not durable).
 
-Syncing a flush (issue #8): with ``syncfs=True`` (the bookie's ``index_flush_syncfs``, the
+Syncing a flush: with ``syncfs=True`` (the bookie's ``index_flush_syncfs``, the
 default) and a kernel whose ``syncfs`` reports writeback errors (Linux >= 5.8), a flush is
 made durable by one ``syncfs`` per file system holding index directories instead of an
 fsync per written file. The descriptor it goes through is a directory's, opened when the
@@ -119,7 +119,7 @@ class LedgerCache(LedgerPages):
     def put_many(self, ledger_ids: Iterable[int], entry_ids: Iterable[int], locations: Iterable[int]) -> None:
         """:meth:`put` of each (ledger id, entry id, location), in order: an IndexPut's
         entries (a MULTI_ADD's are of as many ledgers as entries), with the look-ups the
-        puts share done once (issue #8)."""
+        puts share done once: with one entry per ledger, those look-ups are a large part of each put."""
         dirty_get, deltas, ranges_get, ledgers = self._dirty.get, self._deltas, self._ranges.get, self._ledgers
         new_deltas = self._new_deltas
         for ledger_id, entry_id, location in zip(ledger_ids, entry_ids, locations, strict=True):
@@ -359,7 +359,7 @@ class LedgerCache(LedgerPages):
             # ledgers this lets the file system commit a whole group at once: on ext4 the
             # first fsync of a group commits the metadata and ordered data of all its files,
             # and the others find nothing left to commit, instead of one journal commit per
-            # ledger (issue #8).
+            # ledger.
             group = self._flush_group
             for at in range(0, len(ledger_ids), group):
                 fds = [(ledger_id, write(ledger_id)) for ledger_id in ledger_ids[at:at + group]]

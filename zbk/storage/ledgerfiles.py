@@ -31,7 +31,7 @@ class _Ledger:
     disk_pages: int | None = None  # pages in the file (None: not yet looked)
     full_pages: int = 0  # pages wholly in the file (a torn last page is not); set with disk_pages
     # Page numbers held in the cache (pages or deltas); None when none: with 100,000 ledgers
-    # most hold nothing, and an empty set is 216 bytes (performance issue #8: bookie RSS).
+    # most hold nothing, and an empty set is 216 bytes of the bookie's memory per ledger.
     pages: set[int] | None = None
 
     def hold(self, page_no: int) -> None:

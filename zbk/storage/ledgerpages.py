@@ -2,7 +2,7 @@
 
 Pages are ``PAGE_BYTES`` each; see zbk/storage/ledgercache.py for the cache as a whole.
 
-Deltas (performance issue #8): a ``put`` into a page that is not in the cache but lies
+Deltas: a ``put`` into a page that is not in the cache but lies
 wholly inside its index file does not read the page. It records the new slots only (a
 *delta*, entry id -> location, counted in ``bytes_max`` at ``DELTA_*_BYTES``), and
 :meth:`LedgerCache.flush` writes just those slots in place
@@ -14,17 +14,17 @@ thousand entries. A read of such a page loads it from the file and applies the d
 (it becomes an ordinary dirty page). A key is in at most one of: dirty pages, clean
 pages, deltas.
 
-New pages (issue #8): a page beyond its file's end (every page of a new ledger, a page a
-ledger grows into) starts as a delta too, a *new-page delta*, and the flush writes it
-whole: zeros and its slots, so a file still only ever grows by whole pages. It becomes an
+New pages: a page beyond its file's end (every page of a new ledger, a page a ledger
+grows into) starts as a delta too, a *new-page delta*, and the flush writes it whole:
+zeros and its slots, so a file still only ever grows by whole pages. It becomes an
 ordinary dirty page once it holds more than ``_NEW_PAGE_DELTA_SLOTS_MAX`` slots (where a
-16 KiB page is the cheaper way to hold them). Before this, each new ledger cost a 16 KiB
-dirty page from its first entry to the next checkpoint: a bookie creating 4,000 ledgers a
-second filled the cache's hard bound (twice ``bytes_max``) every two seconds, held new adds
-for 2-5 s while the checkpoint created their files, and its RSS passed 400 MiB. A torn last
-page (part of a page at the file's end) is read and made a whole dirty page, as before.
+16 KiB page is the cheaper way to hold them). Why: as a whole dirty page, each new ledger
+would cost 16 KiB from its first entry to the next checkpoint, and a bookie creating
+thousands of ledgers a second would fill the cache's hard bound (twice ``bytes_max``)
+within seconds and hold new adds while the checkpoint created their files. A torn last
+page (part of a page at the file's end) is read and made a whole dirty page.
 
-Changed ranges (issue #8): a cached clean page that lies wholly inside its file is what the
+Changed ranges: a cached clean page that lies wholly inside its file is what the
 file holds. When puts make it dirty, the cache remembers the lowest and highest slot they
 changed, and the flush writes that range in place instead of the whole page: a ledger
 written a few entries per checkpoint costs a few hundred bytes of writing, not 16 KiB,
@@ -35,10 +35,10 @@ are written whole.
 When the cache needs room and has no clean page left to drop, such a page becomes a delta
 of the slots in its changed range (the oldest first), and the page is dropped: a few hundred
 bytes instead of 16 KiB. So pages made dirty from clean ones never force a checkpoint
-(``dirty_bytes`` counts each at a delta's charge). Before this, with 10,000 ledgers written
-at once, the 4,096 pages the cache held turned dirty again within a second of every
-checkpoint and filled ``bytes_max``: a checkpoint of all 10,000 ledgers every 1.4 s instead
-of every ``flush_interval`` (issue #8).
+(``dirty_bytes`` counts each at a delta's charge). Why: with 10,000 ledgers written at
+once, the pages the cache holds turn dirty again within a second of every checkpoint; kept
+whole, they would fill ``bytes_max`` and force a checkpoint of all 10,000 ledgers every
+second or two instead of every ``flush_interval``.
 """
 
 from __future__ import annotations
