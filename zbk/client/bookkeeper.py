@@ -62,8 +62,8 @@ class ClientContext:
         self.speculative_read_s = config.speculative_read_ms / 1000
         self._digests: dict[tuple[str, bytes], Digest] = {}
         # One master key object per password, shared by every handle opened with it: a
-        # MULTI_ADD packs a key per part, and 10,000 handles' own copies were 10,000 more
-        # objects to reach per round of appends (performance issue #8).
+        # MULTI_ADD packs a key per part, and 10,000 handles' own copies would be 10,000
+        # more objects to reach per round of appends.
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles

@@ -29,7 +29,7 @@ _ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keep
 
 
 class AddDispatcher:
-    """Sends the adds of every LedgerHandle of one client (performance issue #8).
+    """Sends the adds of every LedgerHandle of one client, batched per bookie.
 
     Handles with new entries (or entries to resend) wake it; once per event-loop turn it asks
     each of them for what each bookie still lacks, and sends ONE message per bookie: an
@@ -63,7 +63,7 @@ class AddDispatcher:
     def rotations(self, ensemble: Sequence[str], write_quorum: int) -> tuple[WriteSet, ...]:
         """The write sets of ``ensemble`` (entry id modulo its size) as LedgerHandle._write_set
         gives them. Shared by every handle on that ensemble: with thousands of ledgers on a
-        few bookies, their entries all look up the same few tuples (performance issue #8)."""
+        few bookies, their entries all look up the same few tuples."""
         key = (tuple(ensemble), write_quorum)
         rot = self._rotations.get(key)
         if rot is None:
@@ -221,9 +221,8 @@ def _pack(batch: _Batch, n_max: int = limits.entries_per_add_request_max) -> lis
     The client's ``n_max`` (ClientConfig.add_request_entries_max, 500) is below the
     protocol's 4,096 on purpose: a writer with 1,000 appends in flight then has two requests
     in flight per bookie, so the bookie journals one while the client takes the answer to
-    the other and builds the next. Measured at window 1,000 (3 bookies, E3 WQ3 AQ2, six
-    alternating rounds): 44,780 against 35,427 entries/s median, the machine's idle CPU
-    from 15-26 % down to 6-11 %."""
+    the other and builds the next, instead of each side idling while the other works
+    (docs/performance.md, "What limits throughput at window 1,000")."""
     bytes_max = limits.frame_bytes_max_default // 2
     parts_max = limits.ledgers_per_multi_add_max
     if len(batch.ents) <= n_max and batch.nbytes <= bytes_max and len(batch.hs) <= parts_max:

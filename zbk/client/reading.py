@@ -49,7 +49,7 @@ class ReadHandle:
     learns from the bookies and can tail the ledger until it closes."""
 
     # Slots, not a __dict__: a client may hold 10,000 open handles, and a write touches its
-    # handle's fields several times per entry (performance issue #8).
+    # handle's fields several times per entry.
     __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes) -> None:

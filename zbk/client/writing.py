@@ -38,8 +38,8 @@ log = logging.getLogger("zbk.client.handles")
 class _Add:
     """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit):
     plain ints, not sets, so that an entry in flight is one GC-tracked object rather than
-    three (at 10,000 ledgers the client's cyclic GC was a third of its CPU, performance
-    issue #8)."""
+    three (with 10,000 ledgers written at once, each full collection of the cyclic GC walks
+    every tracked object, and such collections can take a large share of the client's CPU)."""
 
     __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
 
@@ -85,7 +85,7 @@ class LedgerHandle(ReadHandle):
         self._changing = False
         # Not a set, nor a set of tasks below until there is one: with 10,000 open handles
         # every container per handle is an object each full collection of the cyclic GC
-        # walks (issue #8; empty frozensets and tuples are not tracked).
+        # walks (empty frozensets and tuples are not tracked).
         self._to_replace: frozenset[str] = _NO_BOOKIES
         # Ensemble changes since an entry was last confirmed: bounds a writer flapping between
         # bookies that each fail at once (two with failing disks) instead of spinning forever.
@@ -93,7 +93,7 @@ class LedgerHandle(ReadHandle):
         self._tasks: set[asyncio.Task[Any]] | None = None
         # Set when ``pending`` empties, made only while something waits for that (close,
         # recovery): with many ledgers each entry empties its handle's pending, and an Event
-        # set and cleared per entry was a measurable part of the client's CPU (issue #8).
+        # set and cleared per entry would be a measurable part of the client's CPU.
         self._drain_event: asyncio.Event | None = None
 
     # -- appending ----------------------------------------------------------------------------

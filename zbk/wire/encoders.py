@@ -103,8 +103,8 @@ def _parts_struct(n: int) -> struct.Struct:
 def _part_columns(table: Blob, n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bytes, ...]]:
     """The part table's ledger ids, counts, flags and keys, each a tuple: one unpack of all
     ``n`` parts into a flat tuple, then four strided slices, all in C. (``zip`` over
-    ``iter_unpack`` made a tuple per part and transposed them: 150 against 40-65 ns a
-    part, decoded by each bookie for every part; issue #8.)"""
+    ``iter_unpack`` makes a tuple per part and transposes them, at several times the cost,
+    and every bookie decodes every part of every MULTI_ADD.)"""
     flat = _parts_struct(n).unpack(table)
     return flat[0::4], flat[1::4], flat[2::4], flat[3::4]
 
