@@ -1,4 +1,4 @@
-"""The chaos run of issue #9: one function, :func:`run_chaos`, used by the CI test
+"""The chaos run: one function, :func:`run_chaos`, used by the CI test
 (tests/chaos/test_chaos.py) and by long runs (bench/chaos.py). docs/chaos.md has the why.
 
 Phases:

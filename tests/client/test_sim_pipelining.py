@@ -1,4 +1,4 @@
-"""The write path's pipelining and multi-ledger coalescing (performance issue #8), under the
+"""The write path's pipelining and multi-ledger coalescing (MULTI_ADD), under the
 deterministic simulation (tests/client/sim.py; ``ZBK_SEED=<n>`` replays a run).
 
 * Several add requests are in flight to one bookie for one ledger; entries still confirm
