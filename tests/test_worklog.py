@@ -13,10 +13,13 @@ What counts as work-log text, and what does not (the rules below, one pattern ea
   ``:``).
 * A sitting of work: an ordinal or a pointing word before "session" or "sitting" (``the
   eighth session``, ``this session``, ``last sitting``), a session note, log or summary, a
-  work session, and a Markdown heading that opens with an ordinal (``## Thirteenth ...``).
+  work session, a Markdown heading that is an ordinal and then a comma, colon, dash or "at"
+  (``## Eighth, at 4d96cd0``; ``## First steps`` is fine), and any ordinal past the tenth
+  (``Thirteenth``), which in these texts only ever numbered sittings.
   Allowed: "session" in its technical senses (a ZooKeeper session and its expiry, Spark's
-  ``SparkSession``, a process session as in ``start_new_session``), which never come after
-  one of those words; "sitting" as a verb (``bytes sitting in the page cache``).
+  ``SparkSession``, a process session as in ``start_new_session``, pytest's session), which
+  do not come after those words (``the whole session`` and ``the same session`` are not
+  flagged for that reason); "sitting" as a verb (``bytes sitting in the page cache``).
 * A time of day or a date of work: ``11:21-12:30``, ``11:21 UTC``, ``2026-11-24``. Allowed:
   an ISO timestamp in an example (``2026-01-02T03:04:05Z``, the ``T`` tells it apart).
 * A review note: ``Review:``, ``reviewed:``, ``review commit``, ``review note``.
@@ -38,6 +41,9 @@ _ORDINALS = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|e
              "thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
              r"\d+(?:st|nd|rd|th)")
 # Projects whose own issue numbers may be cited as external references.
+# Past the tenth, an ordinal in these texts only ever numbered sittings of work.
+_HIGH_ORDINALS = ("eleventh|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|"
+                  "nineteenth|twentieth")
 _EXTERNAL = ("BookKeeper|ZooKeeper|etcd|CPython|Python|pyzmq|libzmq|ZeroMQ|Spark|gRPC|grpcio|protobuf|"
              "prometheus_client|NATS|nats-server|cbor2|pytest|hypothesis|mypy|ruff|Linux")
 _EXTERNAL_REF = re.compile(rf"\b(?:{_EXTERNAL})(?:'s)?\s+(?:(?:issue|PR|pull request|bug)\s+)?#?\d+\b", re.I)
@@ -47,12 +53,13 @@ RULES: list[tuple[str, re.Pattern[str]]] = [
     ("issue reference", re.compile(r"\b(?:issues?|PR|pull request)\s+#?\d+\b", re.I)),
     ("bare #N issue reference", re.compile(r"(?<![\w/#&.\-])#\d+\b(?![\w-])")),
     ("sitting of work", re.compile(
-        rf"\b(?:{_ORDINALS}|this|that|last|previous|next|earlier|later|same|whole|current)"
+        rf"\b(?:{_ORDINALS}|this|that|last|previous|next|earlier|later)"
         r"\s+(?:work\s+)?(?:session|sitting)s?\b", re.I)),
     ("sitting of work", re.compile(r"\bsession\s+(?:notes?|logs?|summary|summaries|stops?)\b", re.I)),
     ("sitting of work", re.compile(r"\bwork(?:ing)?\s+sessions?\b", re.I)),
     ("sitting of work", re.compile(r"\bsessions?\s+of\s+(?:work|#?\d)", re.I)),
-    ("ordinal heading", re.compile(rf"^#{{1,6}}\s+(?:{_ORDINALS})\b", re.I)),
+    ("ordinal heading", re.compile(rf"^#{{1,6}}\s+(?:{_ORDINALS})\s*(?:$|[,:(\u2014]|-\s|at\b)", re.I)),
+    ("ordinal sitting", re.compile(rf"\b(?:{_HIGH_ORDINALS})\b", re.I)),
     ("time of day", re.compile(rf"\b{_HOUR}\s*[-\u2013]\s*{_HOUR}\b")),
     ("time of day", re.compile(rf"\b{_HOUR}(?::[0-5]\d)?\s*(?:UTC|GMT|CET|CEST)\b")),
     ("date", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b(?!T\d)")),
@@ -115,6 +122,9 @@ def test_rules_catch_worklog_lines() -> None:
         "Review: the two workers share one report.",
         "bde53e2 and the last commit are the review commits",
         "a session note of the twelfth sitting",
+        "Thirteenth, at 4d96cd0: the floor",
+        "## Eighth, at 4d96cd0",
+        "### Third (load 2-4)",
     ]
     for line in planted:
         assert findings(ROOT / "planted.md", line), line
@@ -135,6 +145,9 @@ def test_rules_spare_legitimate_words() -> None:
         "etcd://127.0.0.1:2379,127.0.0.2:2379/zbk",
         "bytes sitting in the page cache until the checkpoint",
         "the first entry of a session-less client",
+        "A one-member etcd for the whole session (do not kill it: other tests share it)",
+        "the same ZooKeeper session survives a disconnection",
+        "## First steps",
         "# the first fsync of a group commits all its files",
         "writes review the keys first",
     ]
