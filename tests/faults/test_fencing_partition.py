@@ -1,0 +1,167 @@
+"""The seeds' fencing scenario over a real partition: a writer in one client host, a
+recoverer in another, etcd and three bookies each in a host of their own.
+
+The writer is cut off; the recoverer opens the ledger with recovery, which fences it on the
+bookies and closes it. After healing, the old writer's next add fails with
+LedgerFencedError, the ledger ends at or after every entry the writer saw acknowledged,
+and every acknowledged entry reads back with its payload. Entry ``i`` of a ledger carries
+``payload(ledger, i)``, so whatever the closed ledger holds beyond the acknowledged entries
+must be what the writer sent for those ids (no phantom entries).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faults import partclient
+from faults.conftest import ClusterFactory, NetworkFactory
+from faults.netcluster import ClientSession, NetCluster
+from faults.partclient import digest, payload
+
+PARTCLIENT = Path(partclient.__file__)
+
+BEFORE = 50  # entries acknowledged before the cut
+FENCED = "LEDGER_FENCED"
+
+
+def acked(*reports: dict[str, Any]) -> dict[int, str]:
+    """Entry id -> digest of every acknowledged append in the writer's reports."""
+    out: dict[int, str] = {}
+    for r in reports:
+        out.update({int(e): d for e, d in r["acked"].items()})
+    return out
+
+
+def check_closed_ledger(read: dict[str, Any], acks: dict[int, str]) -> None:
+    """Closed at or after every ack; every ack reads back with its payload; every entry up
+    to the close is one the writer sent, with the payload it sent for that id."""
+    lid, last = read["ledger_id"], read["last_entry_id"]
+    assert read["closed"], read
+    assert acks, "nothing was acknowledged"
+    assert last >= max(acks), f"closed at {last}, below the acknowledged entry {max(acks)}"
+    entries = {int(e): d for e, d in read["entries"].items()}
+    assert sorted(entries) == list(range(last + 1)), f"ledger {lid} entries are not 0..{last}"
+    assert {e: entries.get(e) for e in acks} == acks, "an acknowledged entry read back changed or missing"
+    phantoms = {e: d for e, d in entries.items() if d != digest(payload(lid, e))}
+    assert not phantoms, f"entries with payloads the writer never sent: {phantoms}"
+
+
+def start(network: NetworkFactory, netcluster: ClusterFactory) -> NetCluster:
+    net = network(["etcd", "b1", "b2", "b3", "writer", "recoverer"])
+    cluster = netcluster(net, etcd_hosts=["etcd"], bookie_hosts=["b1", "b2", "b3"])
+    ids = sorted(cluster.bookie_id(h) for h in cluster.bookie_hosts)
+    assert sorted(cluster.wait_ready("writer")) == ids
+    return cluster
+
+
+def command(session: ClientSession, line: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    session.send(line)
+    return session.read(timeout_s=timeout_s)
+
+
+def recover(cluster: NetCluster, host: str, ledger_id: int) -> tuple[dict[str, Any], float]:
+    t0 = time.monotonic()
+    out = cluster.client(host, "recover", str(ledger_id), script=PARTCLIENT, timeout_s=60)
+    return out, time.monotonic() - t0
+
+
+# How long the partition lasts after the recovery: healed at once, the adds in flight reach
+# the bookies late and are refused as fenced; held past the writer's add timeout (2 s),
+# they time out first, and the writer's ensemble change meets an unreachable etcd, then,
+# after healing, a closed ledger.
+@pytest.mark.parametrize("hold_s", [0.0, 3.0], ids=["heal-at-once", "held-past-add-timeout"])
+def test_a_writer_cut_off_from_bookies_and_etcd_is_fenced_by_a_recoverer(
+        network: NetworkFactory, netcluster: ClusterFactory, hold_s: float) -> None:
+    cluster = start(network, netcluster)
+    net = cluster.net
+    # The seeds' example: an ensemble of three bookies, each entry on two.
+    writer = cluster.session("writer", "writer", "--ensemble", "3", "--wq", "2", "--aq", "2",
+                             "--before", str(BEFORE), script=PARTCLIENT)
+    ready = writer.read(timeout_s=60)
+    lid = ready["ledger_id"]
+    assert sorted(acked(ready)) == list(range(BEFORE)), ready["failed"]
+
+    # Cut the writer off from everything, then let it add 20 more: they go nowhere.
+    t_cut = time.monotonic()
+    net.faults.isolate("writer")
+    writer.send("inflight 20 45")
+    rec, recover_s = recover(cluster, "recoverer", lid)
+    time.sleep(hold_s)
+    net.faults.heal()
+    t_heal = time.monotonic()
+    inflight = writer.read(timeout_s=60)
+    settled_s = time.monotonic() - t_heal
+
+    # The recoverer fenced and closed the ledger at the writer's last acknowledged entry
+    # (nothing sent after the cut reached a bookie).
+    acks = acked(ready, inflight)
+    check_closed_ledger(rec, acks)
+    assert rec["last_entry_id"] == BEFORE - 1, rec["last_entry_id"]
+    # The adds in flight across the cut failed, none was acknowledged, none is left
+    # hanging; and the writer's next add fails as fenced.
+    assert inflight["new"] == {"acked": 0, "failed": 20, "pending": 0, "sent": 20}, inflight["new"]
+    codes = {f["code"] for f in inflight["failed"]}
+    assert codes == {FENCED}, inflight["failed"][:3]
+    nxt = command(writer, "append 1")
+    assert nxt["new"]["failed"] == 1 and nxt["failed"][-1]["code"] == FENCED, nxt["failed"][-1:]
+    writer.send("exit")
+    assert writer.wait(30) == 0
+
+    # After healing, the writer's own host reads the same closed ledger.
+    again = cluster.client("writer", "readall", str(lid), script=PARTCLIENT)["ledgers"][str(lid)]
+    check_closed_ledger(again, acks)
+    assert again["entries"] == rec["entries"]
+    print(f"\nwriter cut off (hold {hold_s} s): recovery run {recover_s:.2f} s (open with recovery {rec['open_s']:.2f} s), "
+          f"partition {t_heal - t_cut:.2f} s, in-flight adds settled {settled_s:.2f} s after healing")
+
+
+def test_a_writer_cut_from_a_minority_of_its_ensemble_is_fenced_mid_stream(
+        network: NetworkFactory, netcluster: ClusterFactory) -> None:
+    cluster = start(network, netcluster)
+    net = cluster.net
+    # Every entry on all three bookies, two acks: with one bookie cut off, adds still reach
+    # a quorum. The add timeout is longer than the test, so that the silent bookie starts
+    # no ensemble change: the writer keeps writing on the quorum until it is fenced.
+    writer = cluster.session("writer", "--add-timeout-ms", "60000", "writer", "--ensemble", "3", "--wq", "3",
+                             "--aq", "2", "--before", str(BEFORE), script=PARTCLIENT)
+    ready = writer.read(timeout_s=60)
+    lid = ready["ledger_id"]
+    assert sorted(acked(ready)) == list(range(BEFORE)), ready["failed"]
+    cut = cluster.host_of(ready["ensemble"][0])
+    net.faults.cut("writer", cut)
+
+    writer.send("stream 50000 25 50 2000 200")
+    assert writer.read(timeout_s=60)["event"] == "streaming"
+    rec, recover_s = recover(cluster, "recoverer", lid)
+    streamed = writer.read(timeout_s=60)
+
+    # The writer wrote on past the cut, and only the fence stopped it: every add in flight
+    # then failed as fenced, none is left hanging, and nothing was sent after the failure.
+    assert streamed["event"] == "stream" and streamed["stream_acked"] >= 200, streamed["stream_acked"]
+    new = streamed["new"]
+    assert new["pending"] == 0 and new["failed"] >= 1 and new["acked"] + new["failed"] == new["sent"], new
+    assert {f["code"] for f in streamed["failed"]} == {FENCED}, streamed["failed"][:3]
+    acks = acked(ready, streamed)
+    assert sorted(acks) == list(range(BEFORE + new["acked"]))
+    check_closed_ledger(rec, acks)
+    # The cut bookie got none of the entries written on the quorum; recovery wrote back those
+    # beyond the last acknowledged one it found on the others, so the close may be later.
+    beyond = rec["last_entry_id"] - max(acks)
+    assert 0 <= beyond <= new["failed"], (rec["last_entry_id"], max(acks), new)
+
+    net.faults.heal()
+    nxt = command(writer, "append 1")
+    assert nxt["new"]["failed"] == 1 and nxt["failed"][-1]["code"] == FENCED, nxt["failed"][-1:]
+    writer.send("exit")
+    assert writer.wait(30) == 0
+    again = cluster.client("writer", "readall", str(lid), script=PARTCLIENT)["ledgers"][str(lid)]
+    check_closed_ledger(again, acks)
+    assert again["entries"] == rec["entries"]
+    rate = new["acked"] / streamed["last_ack_s"] if streamed["last_ack_s"] else 0.0
+    print(f"\nwriter cut from {cut}: {new['acked']} adds acknowledged on the quorum ({rate:.0f}/s), "
+          f"{new['failed']} in flight failed as fenced, closed {beyond} past the last ack; recovery run "
+          f"{recover_s:.2f} s (open with recovery {rec['open_s']:.2f} s)")
