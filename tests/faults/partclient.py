@@ -34,6 +34,9 @@ Commands (``--metadata URI`` first, ``--add-timeout-ms`` optional):
 
   Appends go out to every ledger at once (pipelined) and are waited for within a bound.
 * ``readall LEDGER_ID...``: opens each ledger with recovery and reads it whole.
+* ``registry``: watches bookie registrations, commands on stdin: ``gone BOOKIE_ID SECONDS``
+  and ``back BOOKIE_ID SECONDS`` poll every 0.1 s until the bookie is unregistered (or
+  registered again), and answer how long that took from the command (null: not in time).
 """
 
 from __future__ import annotations
@@ -53,10 +56,12 @@ import zbk
 from zbk.client.sync import SyncLedgerHandle
 from zbk.config import ClientConfig
 from zbk.errors import ZbkError
+from zbk.metadata.registry import list_bookies
+from zbk.metadata.uri import open_store
 
 PASSWORD = b"partition"
 WAIT_S = 30.0  # the longest a command waits for one future
-CREATE_WAIT_S = 30.0
+POLL_S = 0.1
 
 
 def payload(ledger: int, index: int) -> bytes:
@@ -304,6 +309,41 @@ def cmd_churn(uri: str, cfg: ClientConfig, ensemble: int, wq: int, aq: int) -> N
                   "ledgers": {led.ledger_id: led.report() for led in touched}})
 
 
+# --- registry ------------------------------------------------------------------------------
+
+def cmd_registry(uri: str) -> None:
+    store = open_store(uri)
+    try:
+        emit({"event": "started", "registered": [r.bookie_id for r in list_bookies(store)]})
+        for line in sys.stdin:
+            words = line.split()
+            if not words:
+                continue
+            if words[0] == "exit":
+                break
+            if words[0] not in ("gone", "back"):
+                raise SystemExit(f"unknown command {line!r}")
+            bookie, want = words[1], words[0] == "back"
+            t0 = time.monotonic()
+            deadline = t0 + float(words[2])
+            after: float | None = None
+            now: list[str] = []
+            errors = 0
+            while time.monotonic() < deadline:
+                try:
+                    now = [r.bookie_id for r in list_bookies(store)]
+                except ZbkError:
+                    errors += 1  # the store did not answer in its own deadline: poll again
+                    continue
+                if (bookie in now) == want:
+                    after = round(time.monotonic() - t0, 3)
+                    break
+                time.sleep(POLL_S)
+            emit({"event": words[0], "bookie": bookie, "after_s": after, "registered": now, "errors": errors})
+    finally:
+        store.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--metadata", required=True)
@@ -318,6 +358,7 @@ def main() -> None:
             s.add_argument("--before", type=int, default=20)
     sub.add_parser("recover").add_argument("ledger_id", type=int)
     sub.add_parser("readall").add_argument("ledger_ids", type=int, nargs="*")
+    sub.add_parser("registry")
     a = p.parse_args()
     cfg = config(a.add_timeout_ms)
     if a.cmd == "writer":
@@ -326,6 +367,8 @@ def main() -> None:
         cmd_churn(a.metadata, cfg, a.ensemble, a.wq, a.aq)
     elif a.cmd == "recover":
         cmd_recover(a.metadata, cfg, a.ledger_id)
+    elif a.cmd == "registry":
+        cmd_registry(a.metadata)
     else:
         cmd_readall(a.metadata, cfg, a.ledger_ids)
 

@@ -12,42 +12,15 @@ must be what the writer sent for those ids (no phantom entries).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from faults import partclient
 from faults.conftest import ClusterFactory, NetworkFactory
-from faults.netcluster import ClientSession, NetCluster
-from faults.partclient import digest, payload
-
-PARTCLIENT = Path(partclient.__file__)
+from faults.netcluster import NetCluster
+from faults.partcheck import FENCED, PARTCLIENT, acked, check_closed_ledger, command
 
 BEFORE = 50  # entries acknowledged before the cut
-FENCED = "LEDGER_FENCED"
-
-
-def acked(*reports: dict[str, Any]) -> dict[int, str]:
-    """Entry id -> digest of every acknowledged append in the writer's reports."""
-    out: dict[int, str] = {}
-    for r in reports:
-        out.update({int(e): d for e, d in r["acked"].items()})
-    return out
-
-
-def check_closed_ledger(read: dict[str, Any], acks: dict[int, str]) -> None:
-    """Closed at or after every ack; every ack reads back with its payload; every entry up
-    to the close is one the writer sent, with the payload it sent for that id."""
-    lid, last = read["ledger_id"], read["last_entry_id"]
-    assert read["closed"], read
-    assert acks, "nothing was acknowledged"
-    assert last >= max(acks), f"closed at {last}, below the acknowledged entry {max(acks)}"
-    entries = {int(e): d for e, d in read["entries"].items()}
-    assert sorted(entries) == list(range(last + 1)), f"ledger {lid} entries are not 0..{last}"
-    assert {e: entries.get(e) for e in acks} == acks, "an acknowledged entry read back changed or missing"
-    phantoms = {e: d for e, d in entries.items() if d != digest(payload(lid, e))}
-    assert not phantoms, f"entries with payloads the writer never sent: {phantoms}"
 
 
 def start(network: NetworkFactory, netcluster: ClusterFactory) -> NetCluster:
@@ -56,11 +29,6 @@ def start(network: NetworkFactory, netcluster: ClusterFactory) -> NetCluster:
     ids = sorted(cluster.bookie_id(h) for h in cluster.bookie_hosts)
     assert sorted(cluster.wait_ready("writer")) == ids
     return cluster
-
-
-def command(session: ClientSession, line: str, timeout_s: float = 60.0) -> dict[str, Any]:
-    session.send(line)
-    return session.read(timeout_s=timeout_s)
 
 
 def recover(cluster: NetCluster, host: str, ledger_id: int) -> tuple[dict[str, Any], float]:
