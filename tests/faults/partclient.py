@@ -18,7 +18,8 @@ Commands (``--metadata URI`` first, ``--add-timeout-ms`` optional):
   - ``inflight K SECONDS``: K appends at once, then waits up to SECONDS for all of them;
   - ``stream MAX SECONDS WINDOW RATE SIGNAL``: appends with up to WINDOW in flight and at
     most RATE a second until one fails, MAX were sent or SECONDS passed; prints
-    ``{"event": "streaming"}`` once SIGNAL of them were acknowledged;
+    ``{"event": "streaming"}`` once SIGNAL of them were acknowledged, and
+    ``{"event": "ensemble-change", ...}`` whenever the ledger gains a fragment;
   - ``close``: closes the ledger; ``exit``.
 
   Each answer carries ``acked`` (entry id -> digest), ``failed`` (index, error type, code),
@@ -193,6 +194,8 @@ def stream(led: Ledger, most: int, seconds: float, window: int, rate: float, sig
     signalled = stopping = False
     last_ack_s: float | None = None
     first_failure_s: float | None = None
+    changes: list[float] = []
+    n_fragments = len(led.lh.metadata.fragments)
     while True:
         while not stopping and sent < most and len(inflight) < window and time.monotonic() < stop_at:
             early = t0 + sent / rate - time.monotonic()
@@ -205,7 +208,12 @@ def stream(led: Ledger, most: int, seconds: float, window: int, rate: float, sig
         if not inflight:
             break
         i, fut = inflight.popleft()
-        if led.settle(i, fut, time.monotonic() + WAIT_S):
+        ok = led.settle(i, fut, time.monotonic() + WAIT_S)
+        if len(led.lh.metadata.fragments) > n_fragments:
+            n_fragments = len(led.lh.metadata.fragments)
+            changes.append(round(time.monotonic() - t0, 3))
+            emit({"event": "ensemble-change", "after_s": changes[-1], "fragments": fragments(led.lh)})
+        if ok:
             acked += 1
             last_ack_s = time.monotonic() - t0
             if not signalled and acked >= signal_after:
@@ -215,7 +223,8 @@ def stream(led: Ledger, most: int, seconds: float, window: int, rate: float, sig
             if first_failure_s is None:
                 first_failure_s = time.monotonic() - t0
             stopping = True  # send no more; settle what is in flight
-    return {"streamed": sent, "stream_acked": acked, "last_ack_s": last_ack_s, "first_failure_s": first_failure_s}
+    return {"streamed": sent, "stream_acked": acked, "last_ack_s": last_ack_s, "first_failure_s": first_failure_s,
+            "ensemble_changes_s": changes}
 
 
 # --- recoverer and readers -------------------------------------------------------------------
