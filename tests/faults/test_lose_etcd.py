@@ -35,14 +35,17 @@ def test_a_bookie_cut_from_etcd_keeps_serving_and_registers_again(
     assert sorted(cluster.wait_ready("client")) == ids
     registry = cluster.session("client", "registry", script=PARTCLIENT)
     assert sorted(registry.read(timeout_s=60)["registered"]) == ids
-    writer = cluster.session("client", "writer", "--ensemble", "3", "--wq", "3", "--aq", "2",
-                             "--before", str(BEFORE), script=PARTCLIENT)
+    # No bookie here is silent to clients, so no add should time out: a generous timeout
+    # keeps a loaded machine from failing one (with two registered bookies, an E3 ledger
+    # could not replace a third).
+    writer = cluster.session("client", "--add-timeout-ms", "10000", "writer", "--ensemble", "3", "--wq", "3",
+                             "--aq", "2", "--before", str(BEFORE), script=PARTCLIENT)
     ready = writer.read(timeout_s=60)
     lid, ensemble = ready["ledger_id"], ready["ensemble"]
     target_id = ensemble[0]
     target = cluster.host_of(target_id)
     others = [b for b in ids if b != target_id]
-    churn = cluster.session("client", "churn", "--ensemble", "2", "--wq", "2", "--aq", "2", script=PARTCLIENT)
+    churn = cluster.session("client", "--add-timeout-ms", "10000", "churn", "--ensemble", "2", "--wq", "2", "--aq", "2", script=PARTCLIENT)
     assert churn.read(timeout_s=60)["event"] == "started"
 
     t_cut = time.monotonic()
