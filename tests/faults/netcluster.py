@@ -112,18 +112,35 @@ class NetCluster:
     def stop_bookie(self, host: str, *, kill: bool = False) -> None:
         self.net.stop(self.procs[host], kill=kill)
 
+    def stop(self) -> None:
+        """Stop the bookies (all at once, SIGTERM) while etcd still runs, then kill etcd. The
+        network's teardown would stop everything together, and a bookie whose clean shutdown
+        cannot reach etcd (to revoke its lease) waits out the stop timeout before it is
+        killed; so does an etcd leader that tries to hand over its leadership to members
+        stopping beside it. The tests keep nothing etcd holds."""
+        bookies = [p for h, p in self.procs.items() if h in self.bookie_hosts]
+        for p in bookies:
+            if p.poll() is None:
+                p.terminate()
+        for p in bookies:
+            self.net.stop(p)
+        for p in self.procs.values():
+            self.net.stop(p, kill=True)
+
     def logs(self) -> str:
         """The tail of every process's log, for failure messages."""
         return "\n".join(f"--- {h}\n{tail(self.root / f'{h}.log', 15)}" for h in self.procs)
 
     # --- clients -------------------------------------------------------------------------
 
-    def client_argv(self, *args: str) -> list[str]:
-        return [sys.executable, str(CLIENT_SCRIPT), "--metadata", self.uri, *args]
+    def client_argv(self, *args: str, script: Path = CLIENT_SCRIPT) -> list[str]:
+        return [sys.executable, str(script), "--metadata", self.uri, *args]
 
-    def client(self, host: str, *args: str, timeout_s: float = 120.0) -> dict[str, Any]:
-        """Run one zbkclient command inside ``host``; its (last) JSON line."""
-        r = self.net.run(host, self.client_argv(*args), env=child_env(), timeout_s=timeout_s, check=False)
+    def client(self, host: str, *args: str, timeout_s: float = 120.0, script: Path = CLIENT_SCRIPT) -> dict[str, Any]:
+        """Run one command of a client script (zbkclient by default) inside ``host``; its
+        (last) JSON line."""
+        r = self.net.run(host, self.client_argv(*args, script=script), env=child_env(), timeout_s=timeout_s,
+                         check=False)
         lines = r.stdout.strip().splitlines()
         if r.returncode != 0 or not lines:
             raise AssertionError(f"client {args} in {host} exited {r.returncode}:\n{r.stderr[-3000:]}\n"
@@ -137,11 +154,11 @@ class NetCluster:
         out = self.client(client_host, "wait", *ids, "--timeout", str(timeout_s), timeout_s=timeout_s + 30)
         return list(out["registered"])
 
-    def session(self, host: str, *args: str) -> ClientSession:
-        """A zbkclient command inside ``host`` that the test talks to through its stdin and
-        stdout (stopped by PID at teardown at the latest)."""
+    def session(self, host: str, *args: str, script: Path = CLIENT_SCRIPT) -> ClientSession:
+        """A client script's command inside ``host`` that the test talks to through its stdin
+        and stdout (stopped by PID at teardown at the latest)."""
         log = self.root / f"client-{host}-{uuid.uuid4().hex[:6]}.log"
-        proc = self.net.start(host, self.client_argv(*args), log_path=log, env=child_env(), cwd=REPO,
+        proc = self.net.start(host, self.client_argv(*args, script=script), log_path=log, env=child_env(), cwd=REPO,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return ClientSession(self, proc, log)
 

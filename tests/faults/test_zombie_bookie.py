@@ -3,18 +3,17 @@ of its own; clients lose a bookie of their ensemble while it keeps its lease in 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from faults.conftest import NetworkFactory
-from faults.netcluster import BOOKIE_PORT, NetCluster
+from faults.conftest import ClusterFactory, NetworkFactory
+from faults.netcluster import BOOKIE_PORT
 
 BEFORE = 50  # entries acknowledged before the cut
 AFTER = 200  # entries appended across it
 
 
-def test_writer_replaces_a_zombie_bookie_and_loses_nothing(network: NetworkFactory, tmp_path: Path) -> None:
+def test_writer_replaces_a_zombie_bookie_and_loses_nothing(network: NetworkFactory,
+                                                           netcluster: ClusterFactory) -> None:
     net = network(["etcd", "b1", "b2", "b3", "client"])
-    cluster = NetCluster(net, tmp_path, etcd_hosts=["etcd"], bookie_hosts=["b1", "b2", "b3"]).start()
+    cluster = netcluster(net, etcd_hosts=["etcd"], bookie_hosts=["b1", "b2", "b3"])
     ids = sorted(cluster.bookie_id(h) for h in cluster.bookie_hosts)
     assert ids == ["127.77.0.2:3181", "127.77.0.3:3181", "127.77.0.4:3181"]
     assert sorted(cluster.wait_ready("client")) == ids
