@@ -1,5 +1,6 @@
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
@@ -349,3 +350,52 @@ def test_with_settings_checks_names_and_types():
     for bad in ("300", True, 1.5, None):
         with pytest.raises(ConfigError, match="expects int"):
             with_settings(base, {"add_timeout_ms": bad}, source="t")
+
+
+OPERATIONS_MD = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOC_TYPES = {bool: "bool", int: "int", float: "float", str: "string"}
+
+
+def _doc_table(heading: str) -> dict[str, list[str]]:
+    """The rows of the table under ``### heading`` in docs/operations.md, by their key."""
+    text = OPERATIONS_MD.read_text()
+    start = text.index(f"\n### {heading}\n")
+    end = text.find("\n### ", start + 1)
+    rows = {}
+    for line in text[start:end].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `"):
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def _check_doc_cells(where: str, value: object, type_cell: str, default_cell: str) -> None:
+    if isinstance(value, tuple):
+        assert type_cell == "list of strings", where
+        return
+    assert type_cell == DOC_TYPES[type(value)], where
+    if isinstance(value, bool):
+        assert default_cell == str(value).lower(), where
+    elif isinstance(value, (int, float)):
+        assert float(default_cell) == value, where
+
+
+def test_operations_doc_has_a_table_per_section_with_every_key_its_type_and_default():
+    defaults = BookieConfig()
+    top = _doc_table("Top level")
+    sections = {f.name for f in dataclasses.fields(BookieConfig) if f.name in {s.TABLE for s in SECTIONS}}
+    top_keys = [f.name for f in dataclasses.fields(BookieConfig) if f.name not in sections]
+    assert sorted(top) == sorted(top_keys)
+    for key in top_keys:
+        value = getattr(defaults, key)
+        if value not in ("", ()):  # derived or required: described in words
+            _check_doc_cells(key, value, top[key][0], top[key][1])
+    for section in SECTIONS:
+        rows = _doc_table(f"`[{section.TABLE}]`")
+        assert sorted(rows) == sorted(section.FLAT), section.TABLE
+        for key, flat in section.FLAT.items():
+            flat_cell, type_cell, default_cell = rows[key][:3]
+            assert flat_cell == f"`{flat}`", (section.TABLE, key)
+            value = getattr(getattr(defaults, section.TABLE), key)
+            if value != "":
+                _check_doc_cells(f"{section.TABLE}.{key}", value, type_cell, default_cell)
