@@ -98,7 +98,7 @@ from zbk.actors.messages import (
     LogStatsRequest,
     Relocated,
 )
-from zbk.config import BookieConfig
+from zbk.config import GcConfig
 from zbk.metrics import bookie as m
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,8 @@ class GcSettings:
     tick_s: float = GC_TICK_S
 
     @classmethod
-    def from_config(cls, cfg: BookieConfig) -> GcSettings:
-        return cls(gc_wait_s=cfg.gc_wait_time_ms / 1000.0,
+    def from_config(cls, cfg: GcConfig) -> GcSettings:
+        return cls(gc_wait_s=cfg.wait_time_ms / 1000.0,
                    minor_threshold=cfg.minor_compaction_threshold,
                    minor_interval_s=cfg.minor_compaction_interval_s,
                    major_threshold=cfg.major_compaction_threshold,

@@ -26,7 +26,7 @@ class BookieAdmin(BookieRegistrar):
 
     def _start_http(self) -> None:
         cfg = self.cfg
-        self.http = AdminHttpServer(cfg.http_bind_address, cfg.http_port, token=cfg.admin_token)
+        self.http = AdminHttpServer(cfg.http.bind_address, cfg.http.port, token=cfg.http.admin_token)
         self.http.route("GET", "/api/v1/bookie/info", lambda _b: self.info())
         self.http.route("GET", "/api/v1/bookie/state", lambda _b: {"state": self.state()})
         self.http.route("PUT", "/api/v1/bookie/state", self._put_state)

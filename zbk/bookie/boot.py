@@ -97,11 +97,11 @@ class BookieBoot:
         return list(dict.fromkeys([*self.cfg.journal_dirs, *self.cfg.ledger_dirs, *self.cfg.index_dirs]))
 
     def _index_files_open_max(self) -> int:
-        """``index_files_open_max``, or fewer when the descriptor limit (raised to the hard
+        """``index.files_open_max``, or fewer when the descriptor limit (raised to the hard
         limit first) leaves less beside ``limits.fds_reserved`` and the entry logs."""
-        want = self.cfg.index_files_open_max
+        want = self.cfg.index.files_open_max
         soft = raise_open_files_limit()
-        n = max(16, min(want, soft - limits.fds_reserved - self.cfg.entry_logs_open_max))
+        n = max(16, min(want, soft - limits.fds_reserved - self.cfg.entry_log.open_max))
         if n < want:
             log.warning("index: keeping at most %d index files open, not %d: the open-files limit is %d "
                         "(raise it, ulimit -n / LimitNOFILE, to spare a checkpoint re-opening files)",
@@ -170,25 +170,26 @@ class BookieBoot:
         cookie_fixed = self._check_cookies()
         unclean = markers.was_dirty(self.index_dir)
         markers.mark_dirty(self.index_dir)
+        el = self.cfg.entry_log
         self.logs = EntryLogWriter(list(self.cfg.ledger_dirs),
-                                   size_limit_bytes=self.cfg.entry_log_size_limit_mb * 1024 * 1024,
-                                   write_buffer_bytes=self.cfg.entry_log_write_buffer_bytes,
-                                   writeback_bytes=self.cfg.flush_entry_log_bytes,
-                                   keep_cached_bytes=self.cfg.entry_log_keep_cached_mb * 1024 * 1024,
-                                   per_ledger=self.cfg.entry_log_per_ledger,
-                                   open_max=self.cfg.entry_logs_open_max,
-                                   expire_after_access_s=self.cfg.entry_log_expire_after_access_s,
+                                   size_limit_bytes=el.size_limit_bytes,
+                                   write_buffer_bytes=el.write_buffer_bytes,
+                                   writeback_bytes=el.flush_bytes,
+                                   keep_cached_bytes=el.keep_cached_bytes,
+                                   per_ledger=el.per_ledger,
+                                   open_max=el.open_max,
+                                   expire_after_access_s=el.expire_after_access_s,
                                    clock=self.clock)
-        self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.ledger_cache_bytes_max,
-                                 syncfs=self.cfg.index_flush_syncfs, files_open_max=self._index_files_open_max())
+        self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.index.cache_bytes_max,
+                                 syncfs=self.cfg.index.flush_syncfs, files_open_max=self._index_files_open_max())
         if self.cache.sync_mode == "syncfs":
             log.info("index: checkpoints are made durable by syncfs of the index file system(s)")
         else:
             log.info("index: checkpoints fsync each index file (%s)",
-                     "index_flush_syncfs = false" if not self.cfg.index_flush_syncfs
+                     "index.flush_syncfs = false" if not self.cfg.index.flush_syncfs
                      else "syncfs is not trusted on this kernel or file system")
         replayed = self._replay(journal_replaced=cookie_fixed)
-        durable_adds = self.cfg.journal_write_data and self.cfg.journal_sync_data
+        durable_adds = self.cfg.journal.write_data and self.cfg.journal.sync_data
         phase_one = closed_lacking = 0
         if cookie_fixed or (unclean and not durable_adds):
             phase_one, closed_lacking = self._phase_one()
@@ -243,11 +244,11 @@ class BookieBoot:
             elif t == RecordType.EXPLICIT_LAC:
                 self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
         put_pending()
-        segment_bytes = self.cfg.journal_max_size_mb * 1024 * 1024
+        jc = self.cfg.journal
         self.journal = JournalWriter(
-            self.journal_dir, segment_bytes,
-            preallocate_bytes=self.cfg.journal_pre_alloc_size_mb * 1024 * 1024,
-            reuse_files=limits.journal_reuse_files(segment_bytes) if self.cfg.journal_reuse_files else 0)
+            self.journal_dir, jc.segment_bytes,
+            preallocate_bytes=jc.preallocate_bytes,
+            reuse_files=limits.journal_reuse_files(jc.segment_bytes) if jc.reuse_files else 0)
         # Checkpoint what replay rebuilt, so the replayed segments can go.
         self.logs.flush()
         self.cache.flush()

@@ -61,15 +61,15 @@ class Bookie(BookieAdmin):
         cfg = self.cfg
         self.ctx = zmq.Context()
         instance = self.instance = uuid.uuid4().hex[:8]
-        self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal_write_data,
+        self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal.write_data,
                                  max_frame_bytes=cfg.max_frame_bytes, reply=lambda i, f: None,
-                                 read_only_mode_enabled=cfg.read_only_mode_enabled,
+                                 read_only_mode_enabled=cfg.disk.read_only_mode_enabled,
                                  on_state_change=self._on_state_change)
-        journal = JournalCore(self.journal, sync_data=cfg.journal_sync_data,
-                              group_bytes_max=cfg.journal_buffered_writes_threshold_bytes,
-                              group_wait_s=cfg.journal_max_group_wait_ms / 1000.0)
+        journal = JournalCore(self.journal, sync_data=cfg.journal.sync_data,
+                              group_bytes_max=cfg.journal.buffered_writes_threshold_bytes,
+                              group_wait_s=cfg.journal.group_wait_s)
         entrylogger = EntryLoggerCore(self.logs)
-        index = IndexCore(self.cache, flush_interval_s=cfg.flush_interval_ms / 1000.0,
+        index = IndexCore(self.cache, flush_interval_s=cfg.index.flush_interval_s,
                           persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
         common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash,
                                       stop=self.stop_event, cpus=cfg.actor_cpu_set())
@@ -88,11 +88,11 @@ class Bookie(BookieAdmin):
         self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin", "gc"],
                                       peers=["entrylogger", "journal", "index"],
                                       endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
-                                      curve=CurveServer.from_config(cfg),
+                                      curve=CurveServer.from_config(cfg.curve),
                                       max_frame_bytes=cfg.max_frame_bytes,
                                       disk_probe=disk_probe_for(self._all_dirs()),
-                                      disk_check_interval_s=cfg.disk_check_interval_ms / 1000.0,
-                                      disk_thresholds=(cfg.disk_usage_threshold, cfg.disk_usage_warn_threshold),
+                                      disk_check_interval_s=cfg.disk.check_interval_s,
+                                      disk_thresholds=(cfg.disk.usage_threshold, cfg.disk.usage_warn_threshold),
                                       **common)
         self.loops.append(self.server_loop)
         for loop in self.loops:  # PULL sockets are bound in the constructors, before any connect
@@ -108,13 +108,13 @@ class Bookie(BookieAdmin):
         self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
         self._register(read_only=self.server.read_only)
-        if cfg.autorecovery_enabled:
+        if cfg.autorecovery.enabled:
             self._start_autorecovery()
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
                  self.http.port if self.http else "-")
 
     def _start_autorecovery(self) -> None:
-        """``autorecovery_enabled``: run an auditor candidate and replicator workers in this
+        """``autorecovery.enabled``: run an auditor candidate and replicator workers in this
         process, exactly as `zbk autorecovery` would, with their routes on this bookie's
         HTTP server. A lost autorecovery lease stops the bookie (crash, don't limp)."""
         from zbk.recovery.process import AutoRecovery
@@ -133,11 +133,11 @@ class Bookie(BookieAdmin):
 
         def compaction_allowed() -> bool:
             used, total = probe()
-            return not total or used / total < cfg.disk_usage_threshold
+            return not total or used / total < cfg.disk.usage_threshold
 
         # Logs below the first one this process writes may hold copies of a compaction that a
         # crash cut short (zbk/actors/gc.py, "suspects").
-        return GcCore(GcSettings.from_config(cfg), list_ledger_ids=lambda: set(ledgers.list_ids()),
+        return GcCore(GcSettings.from_config(cfg.gc), list_ledger_ids=lambda: set(ledgers.list_ids()),
                       ledger_exists=ledgers.exists, state=GcStateFile(cfg.ledger_dirs[0]),
                       suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed)
 
