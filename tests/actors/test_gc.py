@@ -408,10 +408,10 @@ def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -
     out = ListOutbox()
     core.outbox = out
     a, b, c, x = (make_location(1, 100), make_location(1, 200), make_location(2, 24), make_location(2, 48))
-    core.on_message(IndexPut(7, [0, 1], [a, b]), T0)
+    core.on_message(IndexPut([7, 7], [0, 1], [a, b]), T0)
     core.on_message(LiveCheck(5, [(7, 0, a), (7, 1, x), (8, 0, a)]), T0)
     assert out.take("entrylogger", LiveResult)[0].live == [True, False, False]
-    core.on_message(IndexPut(7, [1], [c]), T0)  # entry 1 re-added after it was copied
+    core.on_message(IndexPut([7], [1], [c]), T0)  # entry 1 re-added after it was copied
     new0, new1, new2 = make_location(3, 24), make_location(3, 64), make_location(3, 104)
     core.on_message(Relocate(5, [(7, 0, a, new0, 40), (7, 1, b, new1, 40), (8, 0, a, new2, 40)], 120, 120,
                              last=True), T0)

@@ -83,11 +83,11 @@ def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(t
     per_ledger = DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
     while not out.take(dest="server", kind=IndexPressure):
         lid += 1
-        core.on_message(IndexPut(lid, [0], [lid * 100]), 0.0)
+        core.on_message(IndexPut([lid], [0], [lid * 100]), 0.0)
         assert lid <= 2 * cache.bytes_max // per_ledger + 1, "no pressure although dirty bytes passed twice the bound"
     assert cache.dirty_bytes >= 2 * cache.bytes_max
     assert len(out.take(dest="entrylogger", kind=StartCheckpoint)) == 1, "a checkpoint is already on its way"
-    core.on_message(IndexPut(lid + 1, [0], [1]), 0.0)  # more puts while the checkpoint runs
+    core.on_message(IndexPut([lid + 1], [0], [1]), 0.0)  # more puts while the checkpoint runs
     assert out.take(dest="server", kind=IndexPressure) == [], "sent once"
     core.on_message(Checkpoint(core.cp_in_flight or 0, (0, 0)), 1.0)
     assert [p.on for p in out.take(dest="server", kind=IndexPressure)] == [False]

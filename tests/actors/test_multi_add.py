@@ -89,7 +89,7 @@ def test_parts_get_their_own_status_and_the_accepted_ones_travel_as_one_batch():
     assert ab.ledger_ids == [1, 1, 1, 3, 3, 9, 9] and ab.entry_ids == [0, 1, 2, 0, 1, 5, 6]
     assert metas[0].batch_id == ab.batch_id
 
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, 8)), ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, list(range(1, 8))), 0.0)
     assert replies == []  # located, not yet fsynced
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)  # the master key and the entries, one commit
     assert len(replies) == 1
@@ -108,7 +108,7 @@ def test_a_failed_append_fails_every_accepted_part_and_nothing_is_indexed():
     core, out, replies = make()
     multi(core, [part(1, range(0, 2)), part(2, range(0, 1)), part(4, range(0, 1))])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [], error="disk on fire", ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [], error="disk on fire"), 0.0)
     core.on_tick(0.05)
     assert out.take("index", IndexPut) == []
     assert replies[0][1] == [Status.EIO, Status.EFENCED, Status.EIO]
@@ -130,7 +130,7 @@ def test_pending_bounds_refuse_parts_with_too_many_requests():
     multi(core, [part(1, range(0, 1)), part(4, range(0, 1)), part(5, range(0, 1))])
     ab = out.take("entrylogger", AppendBatch)[0]
     assert ab.ledger_ids == [1, 4]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
     assert replies[0][1] == [Status.EOK, Status.EOK, Status.ETOOMANYREQUESTS]
     assert 5 not in core.ledgers
@@ -149,7 +149,7 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     el.outbox = el_out
     lids, eids = [1, 1, 7, 9], [0, 1, 0, 4]
     blobs = [blob(lid, eid) for lid, eid in zip(lids, eids, strict=True)]
-    el.on_message(AppendBatch(5, -1, eids, blobs, True, lids), 0.0)
+    el.on_message(AppendBatch(5, lids, eids, blobs, True), 0.0)
     ja = el_out.take("journal", JournalAppend)[0]
     appended = el_out.take("server", Appended)[0]
     assert ja.ledger_ids == lids and appended.ledger_ids == lids and len(appended.locations) == 4
@@ -171,7 +171,7 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     cache = LedgerCache([str(tmp_path / "index")])
     ic = IndexCore(cache, flush_interval_s=60, persist_mark=lambda mark: None)
     ic.outbox = ListOutbox()
-    ic.on_message(IndexPut(-1, eids, appended.locations, lids), 0.0)
+    ic.on_message(IndexPut(lids, eids, appended.locations), 0.0)
     assert [cache.get(lid, eid) for lid, eid in zip(lids, eids, strict=True)] == appended.locations
     logs.close()
 
@@ -191,8 +191,7 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
         meta = out.take("journal", JournalMeta)[0]
         ab = out.take("entrylogger", AppendBatch)[0]
         core.on_message(Synced([meta.batch_id]), 0.0)  # a commit that held only the master key
-        core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1] * len(ab.entry_ids),
-                                 ledger_ids=ab.ledger_ids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1] * len(ab.entry_ids)), 0.0)
         assert acks == [], request  # indexed, master key durable, entries not yet fsynced
         core.on_message(Synced([ab.batch_id]), 0.0)
         assert len(acks) == 1 and acks[0].rid == 7, request
@@ -233,7 +232,7 @@ def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
         core.on_request(b"peer", encode(w.AddRequest(rid=eid, ledger_id=1, master_key=KEY, flags=AddFlag(0),
                                                      entries=[blob(1, eid)])), 0.0)
         ab = out.take("entrylogger", AppendBatch)[0]
-        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [100 + eid]), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [100 + eid]), 0.0)
         core.on_message(Synced([ab.batch_id]), 0.0)
     assert out.take("index") == []  # held
     core.on_request(b"peer", encode(w.ReadRequest(rid=9, ledger_id=1, first_entry_id=0, count=3)), 0.0)
@@ -244,7 +243,7 @@ def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
     core.on_request(b"peer", encode(w.AddRequest(rid=5, ledger_id=1, master_key=KEY, flags=AddFlag(0),
                                                  entries=[blob(1, 3)])), 0.0)
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [103]), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [103]), 0.0)
     core.on_message(CheckpointReady(1, (1, 500)), 0.0)
     sent = out.take("index")
     assert [type(m) for m in sent] == [IndexPut, Checkpoint] and sent[0].locations == [103]
@@ -266,7 +265,7 @@ def test_held_index_updates_go_out_at_the_bound():
                                                      entries=[blob(1, e) for e in eids])), 0.0)
         ab = out.take("entrylogger", AppendBatch)[0]
         assert out.take("index") == []
-        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, eids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, eids), 0.0)
         eid += 512
         n += 512
     puts = out.take("index", IndexPut)
@@ -302,7 +301,7 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
         core.on_request(b"peer", encode(w.AddRequest(rid=3, ledger_id=c.ledger_id, master_key=c.master_key,
                                                      flags=c.flags, entries=c.entries)), 0.0)
         for ab in out.take("entrylogger", AppendBatch):
-            core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1], ledger_ids=ab.ledger_ids), 0.0)
+            core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1]), 0.0)
             core.on_message(Synced([ab.batch_id]), 0.0)
         alone.append(acks[0].status)
     assert alone == [Status.EOK, Status.EUA, Status.EBADREQ, Status.EBADREQ, Status.EFENCED, Status.EOK, Status.EOK,
@@ -313,8 +312,7 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
     ab = out.take("entrylogger", AppendBatch)[0]
     assert ab.ledger_ids == [1, 2, 1, *([1, 1] if mixed else [])]
     assert ab.entry_ids == [0, 0, 1, *([2, 3] if mixed else [])]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, len(ab.entry_ids) + 1)),
-                             ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, list(range(1, len(ab.entry_ids) + 1))), 0.0)
     assert replies == []  # the plain parts wait for the fsync
     core.on_message(Synced([ab.batch_id]), 0.0)
     assert replies[0][1] == alone
@@ -325,7 +323,7 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
     core, out, replies = make()
     multi(core, [part(1, range(0, 1), flags=AddFlag.DEFERRED_SYNC), part(1, range(1, 2), flags=AddFlag.DEFERRED_SYNC)])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
     assert replies and replies[0][1] == [Status.EOK, Status.EOK]
 
     # Read-only: every part refused, the fast path included.
@@ -350,7 +348,7 @@ def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it
     for eids, woken in ((range(1, 2), False), (range(2, 3), True)):  # LACs 0, then 1
         multi(core, [part(1, eids), part(4, range(0, 1))])
         ab = out.take("entrylogger", AppendBatch)[0]
-        core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
         core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
         assert [lk.ledger_id for lk in out.take("index", Lookup)] == ([1] if woken else [])
         assert core.long_polls == (0 if woken else 1)
@@ -365,7 +363,7 @@ def test_ledgers_of_one_password_share_one_master_key_object():
     other = master_key(b"other")
     multi(core, [part(20, range(0, 1)), part(21, range(0, 1)), part(22, range(0, 1), key=other)])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2, 3], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2, 3]), 0.0)
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
     assert replies[-1][1] == [Status.EOK] * 3
     states = core.ledgers

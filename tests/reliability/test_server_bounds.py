@@ -46,7 +46,7 @@ class Harness:
     def complete_adds(self) -> None:
         """Play the EntryLogger and the journal for every add sent so far."""
         for msg in self.out.take("entrylogger", AppendBatch):
-            self.core.on_message(Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, [1 << 40] * len(msg.entry_ids)),
+            self.core.on_message(Appended(msg.batch_id, msg.ledger_ids, msg.entry_ids, [1 << 40] * len(msg.entry_ids)),
                                  0.0)
             self.core.on_message(Synced([msg.batch_id]), 0.0)
         for msg in self.out.take("journal", JournalMeta):

@@ -89,22 +89,21 @@ class EntryLoggerCore:
 
     def _append(self, msg: AppendBatch) -> None:
         assert self.outbox is not None
-        lid, lids = msg.ledger_id, msg.ledger_ids
+        lids = msg.ledger_ids
         try:
-            # MULTI_ADD: ``lids`` holds each entry's ledger (several ledgers in one batch)
-            locations = self.logs.append_batch(lid, msg.entry_ids, msg.blobs, lids)
+            locations = self.logs.append_batch(lids, msg.entry_ids, msg.blobs)
         except OSError as e:
             # A failed append is reported, never half-acknowledged: the Server answers the
             # whole batch with an error (and turns read-only on ENOSPC).
-            log.error("entrylogger: append to ledger %d failed: %s", lid, e)
-            self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, [], error=str(e),
-                                                no_space=e.errno == errno.ENOSPC, ledger_ids=lids))
+            log.error("entrylogger: append to ledger(s) %s failed: %s", sorted(set(lids)), e)
+            self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, [], error=str(e),
+                                                no_space=e.errno == errno.ENOSPC))
             return
         # The journal record first: its write and fsync are the longest step of an add, and
         # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
-            self.outbox.send("journal", JournalAppend(msg.batch_id, msg.ledger_id, msg.entry_ids, msg.blobs, lids))
-        self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, locations, ledger_ids=lids))
+            self.outbox.send("journal", JournalAppend(msg.batch_id, lids, msg.entry_ids, msg.blobs))
+        self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, locations))
         m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
 
     def _read(self, msg: ReadLocations) -> None:

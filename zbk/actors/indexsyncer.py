@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 
 from zbk.actors.base import Outbox
@@ -66,9 +65,7 @@ class IndexCore:
         assert self.outbox is not None
         cache = self.cache
         if isinstance(msg, IndexPut):
-            # One ledger's entries, or a MULTI_ADD's of several ledgers (ledger_ids)
-            lids = repeat(msg.ledger_id, len(msg.entry_ids)) if msg.ledger_ids is None else msg.ledger_ids
-            cache.put_many(lids, msg.entry_ids, msg.locations)
+            cache.put_many(msg.ledger_ids, msg.entry_ids, msg.locations)
             if cache.needs_flush:
                 self.start_checkpoint(now)
                 if not self.pressure and cache.dirty_bytes >= self.dirty_hard_bytes:

@@ -48,10 +48,7 @@ class JournalCore:
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, JournalAppend):
-            if msg.ledger_ids is None:
-                self.writer.append_adds(msg.ledger_id, msg.entry_ids, msg.blobs)
-            else:  # MULTI_ADD: one group of records for every part
-                self.writer.append_adds_multi(msg.ledger_ids, msg.entry_ids, msg.blobs)
+            self.writer.append_adds(msg.ledger_ids, msg.entry_ids, msg.blobs)
             self.pending_entries += len(msg.blobs)
             self._pend(msg.batch_id, now)
         elif isinstance(msg, JournalMeta):

@@ -35,7 +35,7 @@ Who sends what to whom, and why the order is safe:
    the same pipe. So when the IndexSyncer persists lastMark = M, everything before M is in
    fsynced logs and index.
 3. MULTI_ADD travels as one unit: the accepted parts of one request are one AppendBatch
-   (with ``ledger_ids``, one per entry), hence one Appended, one JournalAppend and one
+   (its ``ledger_ids`` name several ledgers), hence one Appended, one JournalAppend and one
    IndexPut, on the same pipes and in the same steps as a one-ledger batch. Arguments 1
    and 2 hold per entry exactly as before; the master-key records of the request's new
    ledgers are one JournalMeta, sent (after their HeaderUpdates) before the AppendBatch.
@@ -49,32 +49,33 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class AppendBatch:
+    """A batch of adds: entry ``i`` is ``entry_ids[i]`` of ledger ``ledger_ids[i]``, with
+    ``blobs[i]``. An ADD_ENTRY names its one ledger once per entry; a MULTI_ADD names each
+    part's (argument 3 above). The three lists have one length."""
+
     batch_id: int
-    ledger_id: int  # -1 when ``ledger_ids`` is set
+    ledger_ids: list[int]
     entry_ids: list[int]
     blobs: list[bytes]
     journal: bool  # False with journal_write_data = false (BP-46)
-    ledger_ids: list[int] | None = None  # MULTI_ADD: each entry's ledger (argument 3 above)
 
 
 @dataclass(slots=True)
 class Appended:
     batch_id: int
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch
     entry_ids: list[int]
     locations: list[int]
     error: str = ""  # non-empty: the append failed (disk full, I/O error)
     no_space: bool = False
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
 class JournalAppend:
     batch_id: int
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch
     entry_ids: list[int]
     blobs: list[bytes]
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
@@ -103,10 +104,9 @@ class Synced:
 
 @dataclass(slots=True)
 class IndexPut:
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch (the Server may join several batches in one)
     entry_ids: list[int]
     locations: list[int]
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)

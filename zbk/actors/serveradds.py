@@ -125,7 +125,7 @@ class ServerAdds(ServerReads):
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
                                       syncs=self._syncs(bool(meta)), parts=accepted, statuses=statuses)
-        self.outbox.send("entrylogger", AppendBatch(batch, -1, eids, blobs, self.journal_write_data, lids))
+        self.outbox.send("entrylogger", AppendBatch(batch, lids, eids, blobs, self.journal_write_data))
 
     # ADD_ENTRY ---------------------------------------------------------------------------
     def _admit_add(self, req: w.AddRequest,
@@ -181,7 +181,8 @@ class ServerAdds(ServerReads):
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
                                       syncs=self._syncs(bool(meta)))
-        self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, [bytes(b) for b in req.entries], self.journal_write_data))
+        self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids,
+                                                  [bytes(b) for b in req.entries], self.journal_write_data))
 
     def _syncs(self, meta: bool) -> int:
         """How many Synced an add batch gets: one per journal message sent under its id."""

@@ -209,16 +209,16 @@ class ServerBase:
         self.held_puts, self.held_put_entries = [], 0
         if len(held) == 1:
             a = held[0]
-            self.outbox.send("index", IndexPut(a.ledger_id, a.entry_ids, a.locations, a.ledger_ids))
+            self.outbox.send("index", IndexPut(a.ledger_ids, a.entry_ids, a.locations))
             return
         lids: list[int] = []
         eids: list[int] = []
         locs: list[int] = []
         for a in held:
-            lids.extend(a.ledger_ids if a.ledger_ids is not None else [a.ledger_id] * len(a.entry_ids))
+            lids.extend(a.ledger_ids)
             eids.extend(a.entry_ids)
             locs.extend(a.locations)
-        self.outbox.send("index", IndexPut(-1, eids, locs, lids))
+        self.outbox.send("index", IndexPut(lids, eids, locs))
 
     def _to_index(self, msg: Any) -> None:
         self.send_held_puts()
