@@ -9,8 +9,7 @@ from zbk.actors.server import ServerCore
 def make() -> tuple[ServerCore, list[bool]]:
     changes: list[bool] = []
     core = ServerCore(ledgers={}, journal_write_data=True, max_frame_bytes=1 << 20, reply=lambda i, f: None,
-                      on_state_change=changes.append)
-    core.outbox = ListOutbox()
+                      outbox=ListOutbox(), on_state_change=changes.append)
     return core, changes
 
 

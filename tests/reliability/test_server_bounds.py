@@ -24,9 +24,10 @@ NO_FLAGS = AddFlag(0)
 class Harness:
     def __init__(self, **kw: Any) -> None:
         self.replies: list[Any] = []
+        self.out = ListOutbox()
         self.core = ServerCore(ledgers={}, journal_write_data=True, max_frame_bytes=1 << 22,
-                               reply=lambda ident, frames: self.replies.append(decode_response(frames)), **kw)
-        self.core.outbox = self.out = ListOutbox()
+                               reply=lambda ident, frames: self.replies.append(decode_response(frames)),
+                               outbox=self.out, **kw)
         self.rid = 0
 
     def send(self, msg_type: type, **fields: Any) -> int:

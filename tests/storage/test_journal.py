@@ -482,9 +482,8 @@ def test_journal_actor_keeps_zeros_ahead_of_its_commits(tmp_path):
 
     d = str(tmp_path)
     jw = JournalWriter(d, 1 << 20, preallocate_bytes=16 * 1024)
-    jc = JournalCore(jw, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     out = ListOutbox()
-    jc.outbox = out
+    jc = JournalCore(jw, outbox=out, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     path = os.path.join(d, segment_name(1))
     for b in range(40):  # 40 KiB of records through a 16 KiB preallocation
         jc.on_message(JournalAppend(b, [4], [b], [b"x" * 1000]), 0.0)

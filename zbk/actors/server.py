@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbk import limits
+from zbk.actors.base import Reply
 from zbk.actors.messages import (
     Appended,
     Checkpoint,
@@ -53,7 +54,6 @@ from zbk.actors.serverbase import (
     LongPoll,
     PendingAdd,
     PendingRead,
-    Reply,
     _blob_bytes,
 )
 from zbk.actors.serverreads import ServerReads
@@ -106,7 +106,6 @@ class ServerCore(ServerAdds):
             return
         if req.lac > state.lac:
             self._advance_lac(req.ledger_id, state, req.lac, now)
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(req.ledger_id, explicit_lac=state.lac))
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
@@ -119,13 +118,11 @@ class ServerCore(ServerAdds):
             return
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
-        assert self.outbox is not None
         self.outbox.send("entrylogger", ForceJournal(batch, flush_logs=not self.journal_write_data))
 
     def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
         if self._known(ident, req, req.master_key) is None:
             return
-        assert self.outbox is not None
         self.outbox.send("entrylogger", WriteClose(req.ledger_id))
         self._ok(ident, req)
 
@@ -162,7 +159,6 @@ class ServerCore(ServerAdds):
 
     def _clear_limbo(self, lid: int, state: LedgerState, batch: int) -> None:
         state.limbo = False
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(lid, limbo=False))
         # A LIMBO record with entry id 0 clears limbo at replay (1 sets it).
         self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.LIMBO), lid, 0, b"")]))

@@ -118,7 +118,6 @@ class ServerAdds(ServerReads):
             self._reply_multi(ident, req.rid, statuses)
             return
         batch = self._next()
-        assert self.outbox is not None
         if meta:  # the master keys of the request's new ledgers: durable before the ack
             self.outbox.send("journal", JournalMeta(batch, meta))
             need_sync = True
@@ -170,7 +169,6 @@ class ServerAdds(ServerReads):
         entry_ids, max_lac, need_sync = admitted
         lid = req.ledger_id
         batch = self._next()
-        assert self.outbox is not None
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
