@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from zbk.actors.base import SocketOutbox, drop_handoff, handoff_for, pipe_address, send_message
+from zbk.actors.messages import SetReadOnly
 
 
 def test_sending_to_a_stopped_actor_neither_blocks_nor_leaks() -> None:
@@ -95,7 +96,7 @@ def test_admin_send_to_a_stopped_actor_does_not_block() -> None:
 
         def admin_sends() -> None:
             for _ in range(200):  # until the pipe is gone (see above); none of them may block
-                send_message(push, handoff, ("admin", "read_only", True))
+                send_message(push, handoff, SetReadOnly(True))
                 threading.Event().wait(0.005)
             done.set()
 

@@ -44,6 +44,7 @@ Who sends what to whom, and why the order is safe:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 
@@ -365,3 +366,34 @@ class IndexPressure:
     including the checkpoint that ends the pressure."""
 
     on: bool
+
+
+# -- admin: the HTTP handlers (zbk/bookie/admin.py) -> Server ----------------------------------
+# Those handlers run on the HTTP server's threads: they never read the Server's state, they
+# send it one of these on the admin pipe and, for a question, wait for its answer.
+
+@dataclass(slots=True)
+class SetReadOnly:
+    """PUT /api/v1/bookie/state: the operator's read-only flag (kept apart from the disk
+    checker's, so a disk back under its threshold does not undo it)."""
+
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BookieStatus:
+    """The Server's view of the bookie, as GET /api/v1/bookie/info reports it."""
+
+    read_only: bool
+    ledgers: int
+    limbo_ledgers: int
+    disk_used_bytes: int
+    disk_total_bytes: int
+
+
+@dataclass(slots=True)
+class StatusRequest:
+    """GET /api/v1/bookie/info and /state: the Server completes ``answer`` with a
+    BookieStatus (a Future is safe to complete on one thread and wait on from another)."""
+
+    answer: Future[BookieStatus]

@@ -113,7 +113,7 @@ class Bookie(BookieAdmin):
         self.admin_gc = self.ctx.socket(zmq.PUSH)  # POST /api/v1/bookie/gc -> GarbageCollector
         self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
-        self._register(read_only=self.server.read_only)
+        self._register(read_only=self.server_read_only)
         if cfg.autorecovery_enabled:
             self._start_autorecovery()
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
