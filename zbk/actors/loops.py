@@ -147,7 +147,7 @@ class ServerLoop(ActorLoop):
         self.extra.append(r)
 
     def _drain(self, sock: zmq.Socket[Any], now: float, budget: int = 1024) -> None:
-        self.replies.now = now
+        self.replies.now = now  # the time of the replies the core sends while handling these
         super()._drain(sock, now, budget)
 
     def on_extra(self, sock: zmq.Socket[Any], now: float) -> None:
