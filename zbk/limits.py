@@ -32,6 +32,7 @@ server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledge
 server_held_adds_max = 1024  # requests
 server_held_add_bytes_max = 64 * 1024 * 1024  # entry bytes of the held requests
 server_held_index_entries_max = 4096  # index updates the Server holds before sending them (server.py)
+server_admin_answer_wait_s = 5.0  # an admin HTTP handler waits this long for the Server's answer (bookie/admin.py)
 
 # A ledger holds at most 2**32 entries. Index files are sparse fixed-size slots by entry id,
 # so an unbounded id from a damaged or hostile request would mean a multi-terabyte file.

@@ -51,17 +51,18 @@ class Sim:
         xdir = str(root / "index")
         self.replies: list[Any] = []
         states = {lid: LedgerState(master_key=self.cache.get_master_key(lid)) for lid in self.cache.ledgers()}
-        self.server = ServerCore(ledgers=states, journal_write_data=True, max_frame_bytes=1 << 24,
-                                 reply=lambda _i, frames: self.replies.append(decode_response(frames)))
-        self.jcore = JournalCore(self.journal, sync_data=False, group_bytes_max=1 << 20, group_wait_s=0.002)
-        self.index = IndexCore(self.cache, flush_interval_s=0.05,
-                               persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
-        self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": self.index,
-                                      "entrylogger": EntryLoggerCore(self.logs)}
         self.pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]] = collections.defaultdict(
             collections.deque)
-        for name, core in self.cores.items():
-            core.outbox = PipeOutbox(self.pipes, name)
+        self.server = ServerCore(ledgers=states, journal_write_data=True, max_frame_bytes=1 << 24,
+                                 reply=lambda _i, frames: self.replies.append(decode_response(frames)),
+                                 outbox=PipeOutbox(self.pipes, "server"))
+        self.jcore = JournalCore(self.journal, outbox=PipeOutbox(self.pipes, "journal"), sync_data=False,
+                                 group_bytes_max=1 << 20, group_wait_s=0.002)
+        self.index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.05,
+                               persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
+        self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": self.index,
+                                      "entrylogger": EntryLoggerCore(self.logs,
+                                                                     outbox=PipeOutbox(self.pipes, "entrylogger"))}
         self.next_tick = {n: T0 + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
         self.pending: dict[int, list[tuple[int, list[int]]]] = {}
         self.rid = 0

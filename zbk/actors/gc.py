@@ -247,8 +247,8 @@ class _Deletion:
 class GcCore:
     name = "gc"
 
-    def __init__(self, settings: GcSettings, *, list_ledger_ids: Callable[[], set[int]], state: GcStateStore,
-                 suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
+    def __init__(self, settings: GcSettings, *, outbox: Outbox, list_ledger_ids: Callable[[], set[int]],
+                 state: GcStateStore, suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
                  ledger_exists: Callable[[int], bool] | None = None) -> None:
         """``suspect_below``: the least unflushed log id when the bookie started; logs below it
         and >= a persisted ``dupes_from`` may hold copies of a compaction cut short.
@@ -260,7 +260,7 @@ class GcCore:
         self.state = state
         self.compaction_allowed = compaction_allowed
         self.tick_interval_s: float | None = settings.tick_s
-        self.outbox: Outbox | None = None
+        self.outbox: Outbox = outbox
         self.dupes_from = state.load()
         self.suspect_below = suspect_below
         self.suspects_scheduled = self.dupes_from is None
@@ -279,7 +279,6 @@ class GcCore:
         self.runs_completed = 0
 
     def _send(self, dest: str, msg: Any) -> None:
-        assert self.outbox is not None
         self.outbox.send(dest, msg)
 
     def _next_seq(self) -> int:

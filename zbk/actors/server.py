@@ -26,8 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 from zbk import limits
+from zbk.actors.base import Reply
 from zbk.actors.messages import (
     Appended,
+    BookieStatus,
     Checkpoint,
     CheckpointDone,
     CheckpointReady,
@@ -42,6 +44,8 @@ from zbk.actors.messages import (
     LocalLedgersRequest,
     ReadResult,
     Relocate,
+    SetReadOnly,
+    StatusRequest,
     Synced,
     WriteClose,
 )
@@ -53,7 +57,6 @@ from zbk.actors.serverbase import (
     LongPoll,
     PendingAdd,
     PendingRead,
-    Reply,
     _blob_bytes,
 )
 from zbk.actors.serverreads import ServerReads
@@ -106,7 +109,6 @@ class ServerCore(ServerAdds):
             return
         if req.lac > state.lac:
             self._advance_lac(req.ledger_id, state, req.lac, now)
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(req.ledger_id, explicit_lac=state.lac))
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
@@ -119,23 +121,28 @@ class ServerCore(ServerAdds):
             return
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
-        assert self.outbox is not None
         self.outbox.send("entrylogger", ForceJournal(batch, flush_logs=not self.journal_write_data))
 
     def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
         if self._known(ident, req, req.master_key) is None:
             return
-        assert self.outbox is not None
         self.outbox.send("entrylogger", WriteClose(req.ledger_id))
         self._ok(ident, req)
 
     def _on_info(self, ident: bytes, req: w.BookieInfoRequest, now: float) -> None:
-        used, total = self.disk_usage
+        s = self.status()
         m.REQUESTS_TOTAL.labels("bookie_info", "EOK").inc()
         self.reply(ident, encode(w.BookieInfoResponse(
-            rid=req.rid, status=Status.EOK, free_bytes=max(0, total - used), total_bytes=total,
-            state="readonly" if self.read_only else "writable", ledgers=len(self.ledgers),
-            limbo_ledgers=sum(1 for s in self.ledgers.values() if s.limbo))))
+            rid=req.rid, status=Status.EOK, free_bytes=max(0, s.disk_total_bytes - s.disk_used_bytes),
+            total_bytes=s.disk_total_bytes, state="readonly" if s.read_only else "writable", ledgers=s.ledgers,
+            limbo_ledgers=s.limbo_ledgers)))
+
+    def status(self) -> BookieStatus:
+        """What BOOKIE_INFO and the admin API report (a copy: it may go to another thread)."""
+        used, total = self.disk_usage
+        return BookieStatus(read_only=self.read_only, ledgers=len(self.ledgers),
+                            limbo_ledgers=sum(1 for s in self.ledgers.values() if s.limbo),
+                            disk_used_bytes=used, disk_total_bytes=total)
 
     def _on_list_entries(self, ident: bytes, req: w.ListEntriesRequest, now: float) -> None:
         state = self.ledgers.get(req.ledger_id)
@@ -162,7 +169,6 @@ class ServerCore(ServerAdds):
 
     def _clear_limbo(self, lid: int, state: LedgerState, batch: int) -> None:
         state.limbo = False
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(lid, limbo=False))
         # A LIMBO record with entry id 0 clears limbo at replay (1 sets it).
         self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.LIMBO), lid, 0, b"")]))
@@ -229,22 +235,14 @@ class ServerCore(ServerAdds):
             self._to_index(Checkpoint(msg.cp_id, msg.mark))
         elif isinstance(msg, CheckpointDone):
             self.last_checkpoint = msg.mark
-        elif isinstance(msg, tuple) and msg and msg[0] == "admin":
-            self._on_admin(msg)
+        elif isinstance(msg, SetReadOnly):
+            self.set_forced_read_only(msg.read_only)
+        elif isinstance(msg, StatusRequest):
+            msg.answer.set_result(self.status())
         elif isinstance(msg, (DeleteLedgers, LocalLedgersRequest, LiveCheck, Relocate)):
             self._on_gc_message(msg, now)
         else:
             raise AssertionError(f"server: unexpected message {msg!r}")
-
-    def _on_admin(self, msg: tuple[Any, ...]) -> None:
-        if msg[1] == "read_only":
-            self.set_forced_read_only(bool(msg[2]))
-        elif msg[1] == "clear_limbo":
-            state = self.ledgers.get(msg[2])
-            if state is not None and state.limbo:
-                self._clear_limbo(msg[2], state, self._next())  # nobody waits for its fsync
-        else:
-            raise AssertionError(msg)
 
     def on_tick(self, now: float) -> None:
         """Send the held index updates; expire long polls: answer them with the current LAC

@@ -118,14 +118,13 @@ class ServerAdds(ServerReads):
             self._reply_multi(ident, req.rid, statuses)
             return
         batch = self._next()
-        assert self.outbox is not None
         if meta:  # the master keys of the request's new ledgers: durable before the ack
             self.outbox.send("journal", JournalMeta(batch, meta))
             need_sync = True
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
                                       syncs=self._syncs(bool(meta)), parts=accepted, statuses=statuses)
-        self.outbox.send("entrylogger", AppendBatch(batch, -1, eids, blobs, self.journal_write_data, lids))
+        self.outbox.send("entrylogger", AppendBatch(batch, lids, eids, blobs, self.journal_write_data))
 
     # ADD_ENTRY ---------------------------------------------------------------------------
     def _admit_add(self, req: w.AddRequest,
@@ -170,7 +169,6 @@ class ServerAdds(ServerReads):
         entry_ids, max_lac, need_sync = admitted
         lid = req.ledger_id
         batch = self._next()
-        assert self.outbox is not None
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
@@ -181,7 +179,8 @@ class ServerAdds(ServerReads):
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
                                       syncs=self._syncs(bool(meta)))
-        self.outbox.send("entrylogger", AppendBatch(batch, lid, entry_ids, [bytes(b) for b in req.entries], self.journal_write_data))
+        self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids,
+                                                  [bytes(b) for b in req.entries], self.journal_write_data))
 
     def _syncs(self, meta: bool) -> int:
         """How many Synced an add batch gets: one per journal message sent under its id."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zbk import limits
-from zbk.actors.base import Outbox
+from zbk.actors.base import Outbox, Reply
 from zbk.actors.messages import (
     Appended,
     HeaderUpdate,
@@ -34,7 +34,6 @@ from zbk.wire.status import Status
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.actors.server")
 _SHARED_KEYS_MAX = 65536  # distinct master keys ServerCore.shared_key keeps
-Reply = Callable[[bytes, list[Any]], None]
 
 
 @dataclass(slots=True)
@@ -100,7 +99,7 @@ class AdminState:
 
 class ServerBase:
     def __init__(self, *, ledgers: dict[int, LedgerState], journal_write_data: bool, max_frame_bytes: int,
-                 reply: Reply, read_only: bool = False, read_only_mode_enabled: bool = True,
+                 reply: Reply, outbox: Outbox, read_only: bool = False, read_only_mode_enabled: bool = True,
                  on_state_change: Callable[[bool], None] | None = None, tick_interval_s: float = 0.05,
                  pending_requests_max: int = limits.server_pending_requests_max,
                  pending_add_bytes_max: int = limits.server_pending_add_bytes_max) -> None:
@@ -118,8 +117,8 @@ class ServerBase:
         self.held_bytes = 0
         self.journal_write_data = journal_write_data
         self.max_frame_bytes = max_frame_bytes
-        self.reply = reply
-        self.outbox: Outbox | None = None
+        self.reply: Reply = reply
+        self.outbox: Outbox = outbox
         self.tick_interval_s: float | None = tick_interval_s
         self.disk_full = read_only
         self.admin = AdminState()
@@ -205,24 +204,22 @@ class ServerBase:
         held = self.held_puts
         if not held:
             return
-        assert self.outbox is not None
         self.held_puts, self.held_put_entries = [], 0
         if len(held) == 1:
             a = held[0]
-            self.outbox.send("index", IndexPut(a.ledger_id, a.entry_ids, a.locations, a.ledger_ids))
+            self.outbox.send("index", IndexPut(a.ledger_ids, a.entry_ids, a.locations))
             return
         lids: list[int] = []
         eids: list[int] = []
         locs: list[int] = []
         for a in held:
-            lids.extend(a.ledger_ids if a.ledger_ids is not None else [a.ledger_id] * len(a.entry_ids))
+            lids.extend(a.ledger_ids)
             eids.extend(a.entry_ids)
             locs.extend(a.locations)
-        self.outbox.send("index", IndexPut(-1, eids, locs, lids))
+        self.outbox.send("index", IndexPut(lids, eids, locs))
 
     def _to_index(self, msg: Any) -> None:
         self.send_held_puts()
-        assert self.outbox is not None
         self.outbox.send("index", msg)
 
 

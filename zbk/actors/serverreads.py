@@ -42,7 +42,6 @@ class ServerReads(ServerBase):
         state = self._ensure_ledger(lid, req.master_key, records)
         state.fenced = True
         records.append((int(RecordType.FENCE), lid, -1, b""))
-        assert self.outbox is not None
         self._to_index(HeaderUpdate(lid, fenced=True))
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)

@@ -1,19 +1,25 @@
 """A bookie's admin HTTP routes: info, state (GET and PUT) and a GC trigger.
 
-HTTP handlers run on the server's threads: what they change goes to the actors as a
-message on the admin pipes, under ``admin_lock`` (a socket is not thread-safe).
+HTTP handlers run on the server's threads, so they never read an actor's state: they send
+the actor a message (zbk/actors/messages.py, "admin") on the admin pipes, under
+``admin_lock`` (a socket is not thread-safe), and a question waits for the actor's answer
+at most ``limits.server_admin_answer_wait_s`` (then :class:`ZbkTimeoutError`).
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import zmq
 
+from zbk import limits
 from zbk.actors.base import handoff_for, send_message
-from zbk.actors.messages import GcTrigger
+from zbk.actors.messages import BookieStatus, GcTrigger, SetReadOnly, StatusRequest
 from zbk.bookie.registration import BookieRegistrar
+from zbk.errors import ZbkTimeoutError
 from zbk.metrics.http import AdminHttpServer
 
 
@@ -33,14 +39,26 @@ class BookieAdmin(BookieRegistrar):
         self.http.route("POST", "/api/v1/bookie/gc", self._post_gc)
         self.http.start()
 
+    def status(self) -> BookieStatus:
+        """The Server's answer to a StatusRequest; ZbkTimeoutError when none comes in time
+        (the Server is stopping, or too busy to answer)."""
+        answer: Future[BookieStatus] = Future()
+        with self.admin_lock:
+            send_message(self.admin, handoff_for(self.instance), StatusRequest(answer))
+        wait_s = limits.server_admin_answer_wait_s
+        try:
+            return answer.result(timeout=wait_s)
+        except FutureTimeout:
+            raise ZbkTimeoutError(f"the bookie's Server did not answer within {wait_s:g} s") from None
+
     def state(self) -> str:
-        return "readonly" if self.server and self.server.read_only else "writable"
+        return "readonly" if self.status().read_only else "writable"
 
     def info(self) -> dict[str, Any]:
-        assert self.server is not None
-        used, total = self.server.disk_usage
-        return {"id": self.cfg.bookie_id, "state": self.state(), "ledgers": len(self.server.ledgers),
-                "limbo_ledgers": sum(1 for s in self.server.ledgers.values() if s.limbo),
+        s = self.status()
+        used, total = s.disk_used_bytes, s.disk_total_bytes
+        return {"id": self.cfg.bookie_id, "state": "readonly" if s.read_only else "writable", "ledgers": s.ledgers,
+                "limbo_ledgers": s.limbo_ledgers,
                 "disk": {"used_bytes": used, "total_bytes": total,
                          "usage_ratio": round(used / total, 4) if total else 0.0}}
 
@@ -51,7 +69,7 @@ class BookieAdmin(BookieRegistrar):
         if want not in ("readonly", "writable"):
             raise HttpError(400, 'body must be {"state": "readonly" | "writable"}')
         with self.admin_lock:
-            send_message(self.admin, handoff_for(self.instance), ("admin", "read_only", want == "readonly"))
+            send_message(self.admin, handoff_for(self.instance), SetReadOnly(want == "readonly"))
         return {"state": want}
 
     def _post_gc(self, body: dict[str, Any] | None) -> dict[str, Any]:
@@ -65,4 +83,3 @@ class BookieAdmin(BookieRegistrar):
         with self.admin_lock:
             send_message(self.admin_gc, handoff_for(self.instance), GcTrigger(**flags))
         return {"triggered": True, **flags}
-

@@ -23,12 +23,12 @@ from typing import Any
 
 import zmq
 
-from zbk.actors.base import ActorLoop, drop_handoff, pipe_address
+from zbk.actors.base import ActorLoop, Outbox, SocketOutbox, drop_handoff, pipe_address
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
-from zbk.actors.loops import JournalLoop, ServerLoop, disk_probe_for
+from zbk.actors.loops import JournalLoop, ReplySocket, ServerLoop, disk_probe_for
 from zbk.actors.messages import HeaderUpdate, IndexPut
 from zbk.actors.server import ServerCore
 from zbk.bookie.admin import BookieAdmin
@@ -61,33 +61,39 @@ class Bookie(BookieAdmin):
         cfg = self.cfg
         self.ctx = zmq.Context()
         instance = self.instance = uuid.uuid4().hex[:8]
+
+        def outbox(sender: str, peers: list[str]) -> SocketOutbox:
+            """``sender``'s pipes to the actors it sends to (connected by its loop)."""
+            return SocketOutbox(instance, sender, peers)
+
+        replies = ReplySocket()
         self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal.write_data,
-                                 max_frame_bytes=cfg.max_frame_bytes, reply=lambda i, f: None,
+                                 max_frame_bytes=cfg.max_frame_bytes, reply=replies.reply,
+                                 outbox=outbox("server", ["entrylogger", "journal", "index"]),
                                  read_only_mode_enabled=cfg.disk.read_only_mode_enabled,
                                  on_state_change=self._on_state_change)
-        journal = JournalCore(self.journal, sync_data=cfg.journal.sync_data,
+        journal = JournalCore(self.journal, outbox=outbox("journal", ["server", "entrylogger"]),
+                              sync_data=cfg.journal.sync_data,
                               group_bytes_max=cfg.journal.buffered_writes_threshold_bytes,
                               group_wait_s=cfg.journal.group_wait_s)
-        entrylogger = EntryLoggerCore(self.logs)
-        index = IndexCore(self.cache, flush_interval_s=cfg.index.flush_interval_s,
+        entrylogger = EntryLoggerCore(self.logs, outbox=outbox("entrylogger", ["server", "journal", "gc"]))
+        index = IndexCore(self.cache, outbox=outbox("index", ["entrylogger", "journal", "server", "gc"]),
+                          flush_interval_s=cfg.index.flush_interval_s,
                           persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
         common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash,
                                       stop=self.stop_event, cpus=cfg.actor_cpu_set())
-        # senders: who sends to this actor (one PULL each); peers: to whom it sends.
-        self.index_actor = ActorLoop(core=index, senders=["server", "entrylogger", "gc"],
-                                     peers=["entrylogger", "journal", "server", "gc"], **common)
+        # senders: who sends to this actor (one PULL each); to whom it sends: its outbox's peers.
+        self.index_actor = ActorLoop(core=index, senders=["server", "entrylogger", "gc"], **common)
         self.index_actor.keep_inbound = True  # drained by stop(): see there
         self.loops = [
-            JournalLoop(core=journal, senders=["server", "entrylogger", "index"], peers=["server", "entrylogger"], **common),
-            ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"],
-                      peers=["server", "journal", "gc"], **common),
+            JournalLoop(core=journal, senders=["server", "entrylogger", "index"], **common),
+            ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"], **common),
             self.index_actor,
-            ActorLoop(core=self._make_gc(), senders=["entrylogger", "index", "admin"],
-                      peers=["server", "entrylogger", "index"], **common),
+            ActorLoop(core=self._make_gc(outbox("gc", ["server", "entrylogger", "index"])),
+                      senders=["entrylogger", "index", "admin"], **common),
         ]
         self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin", "gc"],
-                                      peers=["entrylogger", "journal", "index"],
-                                      endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
+                                      replies=replies, endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
                                       curve=CurveServer.from_config(cfg.curve),
                                       max_frame_bytes=cfg.max_frame_bytes,
                                       disk_probe=disk_probe_for(self._all_dirs()),
@@ -107,7 +113,7 @@ class Bookie(BookieAdmin):
         self.admin_gc = self.ctx.socket(zmq.PUSH)  # POST /api/v1/bookie/gc -> GarbageCollector
         self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
         self._start_http()
-        self._register(read_only=self.server.read_only)
+        self._register(read_only=self.server_read_only)
         if cfg.autorecovery.enabled:
             self._start_autorecovery()
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
@@ -124,7 +130,7 @@ class Bookie(BookieAdmin):
         self.autorecovery = AutoRecovery(arcfg, stop_event=self.stop_event, http=self.http)
         self.autorecovery.start()
 
-    def _make_gc(self) -> GcCore:
+    def _make_gc(self, outbox: Outbox) -> GcCore:
         """The GarbageCollector. Its metadata listing blocks only its own thread; compaction
         (which writes copies before it frees anything) waits while the ledger disks are full."""
         cfg = self.cfg
@@ -137,7 +143,7 @@ class Bookie(BookieAdmin):
 
         # Logs below the first one this process writes may hold copies of a compaction that a
         # crash cut short (zbk/actors/gc.py, "suspects").
-        return GcCore(GcSettings.from_config(cfg.gc), list_ledger_ids=lambda: set(ledgers.list_ids()),
+        return GcCore(GcSettings.from_config(cfg.gc), outbox=outbox, list_ledger_ids=lambda: set(ledgers.list_ids()),
                       ledger_exists=ledgers.exists, state=GcStateFile(cfg.ledger_dirs[0]),
                       suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed)
 

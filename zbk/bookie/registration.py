@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 
 
 class BookieRegistrar(BookieBoot):
+    # The Server's read-only state as it last reported it (on_state_change, on its thread):
+    # what the registration publishes. No other thread reads the Server's own state.
+    server_read_only = False
+
     def _register(self, *, read_only: bool) -> None:
         """Publish the registration (lease-bound). After a kill -9 the previous process's
         registration lives until its lease expires: wait for it, up to two TTLs."""
@@ -58,7 +62,7 @@ class BookieRegistrar(BookieBoot):
             delay = 0.5
             while not self.stop_event.is_set():
                 try:
-                    self._register(read_only=self.server.read_only if self.server else False)
+                    self._register(read_only=self.server_read_only)
                     return
                 except Exception as e:  # noqa: BLE001 - keep trying while the store is down
                     log.error("re-registration failed (retrying in %.1fs): %s", delay, e)
@@ -70,10 +74,11 @@ class BookieRegistrar(BookieBoot):
     def _on_state_change(self, read_only: bool) -> None:
         # Called on the server thread: registration is metadata I/O, so hand it off to one
         # worker (in order), which publishes whatever the state is when it runs.
+        self.server_read_only = read_only
         self._registrar.submit(self._publish_state)
 
     def _publish_state(self) -> None:
         try:
-            self._register(read_only=bool(self.server and self.server.read_only))
+            self._register(read_only=self.server_read_only)
         except Exception as e:  # noqa: BLE001 - the lease-lost path retries
             log.error("could not publish bookie state: %s", e)

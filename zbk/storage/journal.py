@@ -161,26 +161,11 @@ class JournalWriter:
         buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
-    def append_adds(self, ledger_id: int, entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
-        """:meth:`append` of one ADD record per (entry id, blob), for a batch of one ledger
-        (the add path: one call per batch instead of one per entry). Same bytes as
-        ``append(RecordType.ADD, ledger_id, eid, blob)`` for each pair, in order."""
-        if len(entry_ids) != len(blobs):
-            raise ValueError("journal: entry ids and blobs differ in length")
-        limit = limits.journal_record_bytes_max
-        buf, seed = self._buf, self._seed
-        for eid, payload in zip(entry_ids, blobs, strict=True):
-            n = len(payload)
-            assert n <= limit, "journal record too large"
-            body = _pack_body(_ADD, ledger_id, eid)
-            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body, seed))) + body
-            buf += payload
-        return len(buf) - BATCH_RECORD_BYTES
-
-    def append_adds_multi(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
-                          blobs: Sequence[bytes]) -> int:
-        """:meth:`append_adds` for a batch of several ledgers (MULTI_ADD): one ADD record per
-        (ledger id, entry id, blob), in order; the same bytes as one ``append`` each."""
+    def append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
+        """:meth:`append` of one ADD record per (ledger id, entry id, blob), in order: an add
+        batch's records (of one ledger, or of several for a MULTI_ADD) in one call instead
+        of one per entry, with the same bytes as ``append(RecordType.ADD, lid, eid, blob)``
+        for each."""
         if not len(ledger_ids) == len(entry_ids) == len(blobs):
             raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
