@@ -5,7 +5,8 @@ A command is a function ``run(args) -> exit code | None`` registered with :func:
 which also names its arguments (``configure``), a one-line summary, its usage line and an
 example. The parser (zbk/cli/shell/__init__.py) builds one sub-parser per command from
 that; the usage line and example are what ``zbk shell COMMAND --help`` shows, so they must
-run as written (tests/ops/test_shell_cli.py runs them).
+work as written (tests/ops/test_shell_cli.py parses every example and runs the usage lines
+and examples of readentry and ledgerentries against real bookies).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Offline shell commands over a stopped bookie's files: its journal, entry logs, index.
 
-A bookie keeps its journal, entry logs and index in ``DIR/journal``, ``DIR/ledgers`` and
-``DIR/index`` by default; a bookie configured with more directories names them all in its
-cookie (zbk/storage/cookie.py), so :func:`bookie_dirs` adds those the cookie names.
+``--data-dir DIR``: a bookie started with ``--data-dir DIR`` keeps its journal, entry logs
+and index in ``DIR/journal``, ``DIR/ledgers`` and ``DIR/index``. One configured with
+``journal_dirs``, ``ledger_dirs`` and ``index_dirs`` instead names them all in the cookie
+it writes into each (zbk/storage/cookie.py): DIR may then be any one of them, and
+:func:`bookie_dirs` finds the others through the cookie.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class BookieDirs:
 
 
 def bookie_dirs(data_dir: str) -> BookieDirs:
-    """The bookie's directories under ``data_dir``, and those its cookie names elsewhere.
+    """The bookie's directories under ``data_dir``, and those its cookie names (found in
+    one of them, or in ``data_dir`` itself).
 
     The cookie holds the directories as the bookie was configured; a relative one is taken
     from the current directory, and one that does not exist is listed in ``missing``."""
@@ -43,7 +46,7 @@ def bookie_dirs(data_dir: str) -> BookieDirs:
     base = os.path.abspath(data_dir)
     dirs = BookieDirs([os.path.join(base, SUBDIRS["journal"])], [os.path.join(base, SUBDIRS["ledgers"])],
                       [os.path.join(base, SUBDIRS["index"])])
-    for d in dirs.all():
+    for d in [*dirs.all(), base]:
         try:
             cookie = read_cookie(d) if os.path.isdir(d) else None
         except CorruptDataError:
@@ -74,10 +77,11 @@ def _readjournal(args: argparse.Namespace) -> None:
     from zbk.storage.journal import replay
     from zbk.storage.markers import read_last_mark
 
-    d = args.data_dir
-    mark = read_last_mark(os.path.join(d, "index"))
+    dirs = bookie_dirs(args.data_dir)
+    mark = read_last_mark(dirs.index)
     found = []
-    for rec, m in replay(os.path.join(d, "journal"), mark):
+    journal = next(iter(_existing(dirs.journal)), dirs.journal[0])  # a bookie journals into its first one
+    for rec, m in replay(journal, mark):
         found.append({"type": rec.type.name, "ledger_id": rec.ledger_id, "entry_id": rec.entry_id,
                       "bytes": len(rec.payload), "mark": list(m)})
     out(args, found, lambda rs: rows(["type", "ledger", "entry", "bytes", "mark"],
@@ -110,7 +114,7 @@ def _readlog(args: argparse.Namespace) -> None:
 def _lastmark(args: argparse.Namespace) -> None:
     from zbk.storage.markers import read_last_mark
 
-    mark = read_last_mark(os.path.join(args.data_dir, "index"))
+    mark = read_last_mark(bookie_dirs(args.data_dir).index)
     out(args, {"segment_id": mark.segment_id, "offset": mark.offset}, lambda d: f"{d['segment_id']}:{d['offset']}")
 
 
