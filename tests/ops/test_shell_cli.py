@@ -65,6 +65,8 @@ def test_the_overview_lists_every_command_and_help_command_works():
         assert re.search(rf"^  {name}\s", r.stdout, re.M), name
     r = shell("help", "readentry")
     assert r.returncode == 0 and r.stdout.startswith("usage: zbk shell readentry --bookie B LID EID")
+    refused(shell("help", "readentri"), 2, "did you mean readentry")
+    assert shell("help").returncode == 0
     refused(shell(), 2, "a command is required")
     refused(shell("--json"), 2, "a command is required")
 

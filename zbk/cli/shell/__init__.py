@@ -158,8 +158,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     exits with code 2 on a usage error (as argparse does)."""
     parsers = build_parser()
     name, rest = arrange(argv, _arity(parsers))
-    if name == "help":  # BookKeeper's `shell help [COMMAND]`
-        name, rest = (rest[0], ["--help"]) if rest and rest[0] in COMMANDS else (None, ["--help"])
+    if name == "help":  # BookKeeper's `shell help [COMMAND]`; an unknown COMMAND gets suggestions below
+        name, rest = (rest[0], ["--help"]) if rest and not _is_option(rest[0]) else (None, ["--help"])
     if name is None:
         if any(t in _HELP for t in rest):
             print(overview())

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from zbk.cli.shell.common import Progress, client_config, command, entry_id, jsonable, ledger_id, out, uri
+from zbk.cli.shell.common import (
+    Progress,
+    client_config,
+    command,
+    count,
+    entry_id,
+    jsonable,
+    ledger_id,
+    out,
+    uri,
+)
 
 GROUP = "through the client"
 
@@ -54,7 +64,7 @@ def _simpletest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble", type=_positive, default=3, metavar="E", help="ensemble size (3)")
     p.add_argument("--write-quorum", type=_positive, default=2, metavar="WQ", help="write quorum (2)")
     p.add_argument("--ack-quorum", type=_positive, default=2, metavar="AQ", help="ack quorum (2)")
-    p.add_argument("--entries", type=entry_id, default=1000, metavar="N", help="entries to write (1000)")
+    p.add_argument("--entries", type=count, default=1000, metavar="N", help="entries to write (1000)")
 
 
 @command("simpletest", group=GROUP, summary="write a ledger, read it back, delete it",

@@ -17,7 +17,7 @@ from typing import Any
 
 from zbk.cli.shell.common import command, open_metadata, out, size_text
 from zbk.cli.shell.offline import BookieDirs, bookie_dirs
-from zbk.errors import CorruptDataError, OperationRefusedError
+from zbk.errors import BookieIOError, CorruptDataError, OperationRefusedError
 
 GROUP = "cluster metadata"
 _EXAMPLE_URI = "--metadata sqlite:///var/zbk/meta.db"
@@ -132,6 +132,13 @@ def _inventory(dirs: BookieDirs) -> tuple[int, int]:
 
 def _wipe(dirs: list[str]) -> None:
     """Empty each directory (keep it: it may be a mount point), the cookies last."""
+    try:
+        _empty(dirs)
+    except OSError as e:  # permissions, a read-only mount: what is left is named, run it again once fixed
+        raise BookieIOError(f"wiping failed: {e}; the rest is left as it was, run bookieformat again") from None
+
+
+def _empty(dirs: list[str]) -> None:
     from zbk.storage.cookie import COOKIE_FILE
 
     for d in dirs:

@@ -186,6 +186,13 @@ def entry_id(s: str) -> int:
     return value
 
 
+def count(s: str) -> int:
+    value = number(s)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {s}")
+    return value
+
+
 def number(s: str) -> int:
     try:
         return int(s)

@@ -102,7 +102,10 @@ def document(md: Any, version: int) -> dict[str, Any]:
 def write_dump(path: str, doc: dict[str, Any]) -> None:
     """Write ``doc`` to ``path`` atomically (a temporary file renamed over it), mode 0600."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".zbk-dump-", dir=directory)  # mkstemp creates it 0600
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".zbk-dump-", dir=directory)  # mkstemp creates it 0600
+    except OSError as e:
+        raise BadRequestError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=2)
