@@ -83,6 +83,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from zbk import limits
 from zbk.actors.base import Outbox
 from zbk.actors.messages import (
     CompactChunk,
@@ -105,10 +106,6 @@ log = logging.getLogger(__name__)
 
 MINOR = "minor"
 MAJOR = "major"
-GC_TICK_S = 0.1  # pacing granularity of compaction chunks
-# One chunk blocks the EntryLogger for this much scanning and copying at most (plus one
-# record), so adds and reads wait a few milliseconds, not for a whole log.
-COMPACTION_CHUNK_BYTES_MAX = 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +116,8 @@ class GcSettings:
     major_threshold: float
     major_interval_s: float
     rate_bytes_per_s: float
-    chunk_bytes_max: int = COMPACTION_CHUNK_BYTES_MAX
-    tick_s: float = GC_TICK_S
+    chunk_bytes_max: int = limits.gc_compaction_chunk_bytes_max
+    tick_s: float = limits.gc_tick_s
 
     @classmethod
     def from_config(cls, cfg: BookieConfig) -> GcSettings:

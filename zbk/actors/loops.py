@@ -52,7 +52,6 @@ _POLLIN = int(zmq.POLLIN)
 _NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 REPLIES_DROPPED = Counter("zbk_bookie_replies_dropped_total",
                           "Replies and requests dropped at the socket, by reason", ["reason"])
-_PROBE_BYTES_MIN = 64 * 1024  # statvfs costs microseconds
 
 
 class ServerLoop(ActorLoop):
@@ -73,7 +72,7 @@ class ServerLoop(ActorLoop):
         self.curve = curve
         self.next_disk_check = 0.0
         self.bytes_since_probe = 0
-        self.probe_after_bytes = _PROBE_BYTES_MIN
+        self.probe_after_bytes = limits.disk_probe_bytes_min
         self.stalled: dict[bytes, float] = {}  # peer identity -> until when its requests are dropped
         self.backlogs: dict[bytes, deque[tuple[list[Any], int]]] = {}  # replies waiting for a full pipe
         self.backlog_bytes: dict[bytes, int] = {}
@@ -205,7 +204,7 @@ class ServerLoop(ActorLoop):
             # An add is written twice (journal and entry log): probe again after a quarter of
             # the headroom below the threshold has arrived.
             headroom = int(threshold * total) - used
-            self.probe_after_bytes = max(_PROBE_BYTES_MIN, headroom // 4)
+            self.probe_after_bytes = max(limits.disk_probe_bytes_min, headroom // 4)
 
     def poll_timeout_ms(self) -> float:
         return 2.0 if self.backlogs else 50.0  # replies waiting: look at the pipes again soon

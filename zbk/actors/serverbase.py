@@ -33,7 +33,6 @@ from zbk.wire.status import Status
 
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.actors.server")
-_SHARED_KEYS_MAX = 65536  # distinct master keys ServerCore.shared_key keeps
 Reply = Callable[[bytes, list[Any]], None]
 
 
@@ -291,7 +290,7 @@ class ServerBase:
         if shared is not None:
             return shared
         key = bytes(key)
-        if len(self.keys) < _SHARED_KEYS_MAX:
+        if len(self.keys) < limits.server_shared_keys_max:
             self.keys[key] = key
         return key
 

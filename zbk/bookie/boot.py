@@ -64,10 +64,6 @@ class BootReport:
     closed_ledgers_lacking: int = 0  # closed ledgers given an "unclean" repair mark by phase one
 
 
-_REPLAY_PUTS = 4096  # index updates of replayed adds applied together (Bookie._replay)
-
-
-
 class BookieBoot:
     """The bookie's state from its constructor to the end of boot (``boot()``)."""
 
@@ -210,7 +206,7 @@ class BookieBoot:
         n = 0
         last = start
         # Index updates of consecutive ADD records go in batches (LedgerCache.put_many),
-        # in journal order: before any other record is applied, and at most _REPLAY_PUTS.
+        # in journal order: before any other record is applied, and at most limits.replay_index_puts_max.
         lids: list[int] = []
         eids: list[int] = []
         locs: list[int] = []
@@ -230,7 +226,7 @@ class BookieBoot:
                 lids.append(rec.ledger_id)
                 eids.append(rec.entry_id)
                 locs.append(self.logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-                if len(lids) >= _REPLAY_PUTS:
+                if len(lids) >= limits.replay_index_puts_max:
                     put_pending()
                 continue
             put_pending()

@@ -14,10 +14,10 @@ import signal
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol
 
+from zbk import limits
 from zbk.cli.ports import AUTO_PORT_HIGH, AUTO_PORT_LOW, port_free
 from zbk.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, ConfigError, ZbkError
 
-DEFAULT_BASE_PORT = 3181
 DEFAULT_DATA_DIR = "zbk-sandbox"
 HTTP_PORT_OFFSET = 1000
 AUTORECOVERY_PORT_OFFSET = 2000  # above every bookie HTTP port (at most 100 bookies)
@@ -153,7 +153,7 @@ def resolve_layout(args: argparse.Namespace) -> Layout:
     metadata = args.metadata or saved.get("metadata") or f"sqlite:///{data_dir}/meta.db"
     base = int(saved["base_port"]) if "base_port" in saved else args.base_port
     if base is None:
-        base = DEFAULT_BASE_PORT
+        base = limits.sandbox_base_port_default
     elif base == 0:
         base = pick_free_base_port(n)
     if not 1024 <= base <= 65535 - AUTORECOVERY_PORT_OFFSET:

@@ -22,6 +22,7 @@ import asyncio
 import hmac
 import logging
 
+from zbk import limits
 from zbk.client import metrics as cm
 from zbk.client.context import HandleContext
 from zbk.client.writing import LedgerHandle
@@ -41,7 +42,6 @@ from zbk.wire.ops import ReadFlag
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
-RECOVERY_READ_ATTEMPTS = 3
 
 
 def check_password(md: LedgerMetadata, password: bytes) -> None:
@@ -179,12 +179,12 @@ async def recover(ctx: HandleContext, ledger_id: int, password: bytes) -> tuple[
     eid = max_lac + 1
     while True:
         outcome = None
-        for attempt in range(RECOVERY_READ_ATTEMPTS):
+        for attempt in range(limits.client_recovery_read_attempts_max):
             try:
                 outcome = await recovery_read(ctx, handle, eid, md)
                 break
             except (UnknownLedgerStateError, BookieUnavailableError) as e:
-                if attempt + 1 == RECOVERY_READ_ATTEMPTS:
+                if attempt + 1 == limits.client_recovery_read_attempts_max:
                     raise
                 log.warning("ledger %d: recovery read of entry %d unknown (%s); retrying", ledger_id, eid, e)
                 await asyncio.sleep(0.2 * (attempt + 1))

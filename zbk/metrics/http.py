@@ -12,7 +12,7 @@ Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded
   browsers send one) is refused, so a web page cannot drive the API by cross-site request.
 
 Every request must arrive within ``request_timeout_s`` (a slow client cannot hold a
-thread), bodies are JSON of at most ``body_bytes_max``, and a handler that fails answers
+thread), bodies are JSON of at most ``limits.http_body_bytes_max``, and a handler that fails answers
 500 with the error rather than dropping the connection.
 """
 
@@ -29,13 +29,11 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from zbk import limits
 from zbk.errors import ZbkError
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any] | None], Any]
-
-body_bytes_max = 1 << 20
-request_timeout_s_default = 10.0
 
 
 def is_loopback_host(host: str) -> bool:
@@ -56,7 +54,7 @@ class HttpError(Exception):
 
 class AdminHttpServer:
     def __init__(self, host: str, port: int, *, token: str = "", exposed: bool | None = None,
-                 request_timeout_s: float = request_timeout_s_default) -> None:
+                 request_timeout_s: float = limits.http_request_timeout_s_default) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.token = token
         # Reachable from other machines? (Tests force it to check the policy on loopback.)
@@ -123,8 +121,8 @@ class AdminHttpServer:
                     raise HttpError(400, f"bad Content-Length {raw[:20]!r}") from None
                 if length < 0:
                     raise HttpError(400, f"bad Content-Length {length}")
-                if length > body_bytes_max:
-                    raise HttpError(413, f"body of {length} bytes exceeds {body_bytes_max}")
+                if length > limits.http_body_bytes_max:
+                    raise HttpError(413, f"body of {length} bytes exceeds {limits.http_body_bytes_max}")
                 if not length:
                     return None
                 try:

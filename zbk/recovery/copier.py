@@ -4,8 +4,8 @@ Entries travel as the raw blobs the writer built (header + digest + payload): th
 reads one from a replica, checks its digest with the ledger's password (a damaged copy is
 never spread), and writes it to the target with a RECOVERY_ADD, which a bookie accepts
 even on a fenced ledger. Reads go out concurrently in batches of
-``copy_batch_entries_max``; writes are packed into frames of at most
-``copy_batch_bytes_max`` and paced by a :class:`RateLimiter` shared by the process.
+``limits.copy_batch_entries_max``; writes are packed into frames of at most
+``limits.copy_batch_bytes_max`` and paced by a :class:`RateLimiter` shared by the process.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ from zbk.wire.entry import parse_entry
 from zbk.wire.messages import EntryRanges
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
-
-copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
-copy_batch_bytes_max = limits.frame_bytes_max_default // 2
 
 
 def positions_held(md: LedgerMetadata, position: int, first: int, last: int) -> list[int]:
@@ -100,10 +97,10 @@ class EntryCopier:
         entry's write set that are not in ``avoid``."""
         digest = self.ctx.digest_for(md.digest, md.password)
         key = master_key(md.password)
-        for start in range(0, len(entries), copy_batch_entries_max):
-            batch = entries[start:start + copy_batch_entries_max]
+        for start in range(0, len(entries), limits.copy_batch_entries_max):
+            batch = entries[start:start + limits.copy_batch_entries_max]
             blobs = await asyncio.gather(*(self.read_good_copy(md, e, digest, avoid) for e in batch))
-            for chunk in add_batches(blobs, len, copy_batch_bytes_max):
+            for chunk in add_batches(blobs, len, limits.copy_batch_bytes_max):
                 size = sum(len(b) for b in chunk)
                 await self.rate.acquire(size)
                 await self.write(md.ledger_id, key, target, chunk)

@@ -27,10 +27,10 @@ import signal
 import threading
 from typing import Any
 
+from zbk import limits
 from zbk.errors import EXIT_FAILED, EXIT_OK
 
 log = logging.getLogger(__name__)
-stop_timeout_s = 30.0
 
 
 def add_parser(sub: Any) -> None:
@@ -170,7 +170,7 @@ class AutoRecovery:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._replicator.stop)
         if self._replicator_thread is not None:
-            self._replicator_thread.join(stop_timeout_s)
+            self._replicator_thread.join(limits.autorecovery_stop_timeout_s)
         if self._own_http:
             self.http.stop()
         self.lease.stop(revoke=True)  # deletes any lock key a stuck worker still held

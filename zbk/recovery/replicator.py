@@ -37,6 +37,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from zbk import limits
 from zbk.client import placement
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.recovery import recover
@@ -54,10 +55,6 @@ from zbk.recovery.repair import InPlaceRepairer
 from zbk.recovery.underreplication import RepairMark, UnderReplicatedLedger, UnderReplicationRegistry
 
 log = logging.getLogger(__name__)
-
-idle_poll_interval_s = 0.5  # how often an idle worker looks for marks
-backoff_s_min = 0.5
-backoff_s_max = 30.0
 
 
 @dataclass
@@ -110,7 +107,7 @@ class Replicator:
                 did = False
             if not did:
                 try:
-                    await asyncio.wait_for(self._stop.wait(), idle_poll_interval_s)
+                    await asyncio.wait_for(self._stop.wait(), limits.replicator_idle_poll_interval_s)
                 except TimeoutError:
                     pass
 
@@ -166,7 +163,8 @@ class Replicator:
                 done = await self.replicate_ledger(mark)
         except ZbkError as e:
             prev = self._backoff.get(lid)
-            delay = min(backoff_s_max, max(backoff_s_min, prev.delay_s * 2)) if prev else backoff_s_min
+            delay = min(limits.replicator_backoff_s_max, max(limits.replicator_backoff_s_min, prev.delay_s * 2)) if prev \
+                else limits.replicator_backoff_s_min
             self._backoff[lid] = _Backoff(time.monotonic() + delay, delay)
             log.warning("ledger %d: re-replication failed, retrying in %.1f s: %s", lid, delay, e)
             return False
