@@ -179,7 +179,9 @@ def test_copies_are_throttled(env: Env) -> None:
 
 def test_failure_after_a_grace_wait_still_backs_off(env: Env) -> None:
     lid = env.md.ledger_id
-    env.replicator._backoff[lid] = rep._Backoff(0.0, 0.0)  # what a finished grace wait leaves
+    b = env.replicator._backoff_of(lid)  # what a finished grace wait leaves: no failure, nothing to wait for
+    b.reset()
+    b.hold_until(0.0)
     env.t.down = {LIVE[0]}
     assert not asyncio.run(env.replicator.run_once())
     assert env.replicator._backoff[lid].delay_s == limits.replicator_backoff_s_min

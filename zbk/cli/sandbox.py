@@ -48,10 +48,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zbk import limits
+from zbk.backoff import Backoff
 from zbk.cli.children import spawn_tied
 from zbk.cli.sandboxlayout import (
     AUTORECOVERY_PORT_OFFSET,
@@ -129,7 +130,10 @@ class Supervised:
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
-    restarts: int = 0  # restarts in a row; reset once the child stays up limits.sandbox_stable_after_s
+    # Restarts in a row (its failures); reset once the child stays up limits.sandbox_stable_after_s.
+    restarts: Backoff = field(default_factory=lambda: Backoff(
+        limits.sandbox_restart_backoff_s_min, limits.sandbox_restart_backoff_s_max,
+        attempts_max=limits.sandbox_restarts_max))
     restart_at: float | None = None
     failed: str | None = None  # why we gave up on it
 
@@ -150,24 +154,23 @@ class Supervised:
         if self.proc is not None:
             code = self.proc.poll()
             if code is None:
-                if self.restarts and now - self.started_at > limits.sandbox_stable_after_s:
-                    self.restarts = 0
+                if self.restarts.failures and now - self.started_at > limits.sandbox_stable_after_s:
+                    self.restarts.reset()
                 return
             pid, self.proc = self.proc.pid, None
             why = spec.permanent_failure(code) or (f"{limits.sandbox_restarts_max} restarts in a row"
-                                                   if self.restarts >= limits.sandbox_restarts_max else None)
+                                                   if self.restarts.exhausted else None)
             if why is not None:
                 self.failed = spec.describe_exit(code)
                 out.event("failed", f"{spec.name} (pid {pid}) {self.failed}; not restarting: {why}; "
                           f"see {spec.log}", **spec.event_fields(), pid=pid, code=code)
                 return
-            delay = min(limits.sandbox_restart_backoff_s_min * 2 ** self.restarts, limits.sandbox_restart_backoff_s_max)
+            delay = self.restarts.fail()
             self.restart_at = now + delay
             out.event("exited", f"{spec.name} (pid {pid}) {spec.describe_exit(code)}; restarting in {delay:.0f} s "
-                      f"({self.restarts + 1}/{limits.sandbox_restarts_max}); see {spec.log}",
+                      f"({self.restarts.failures}/{limits.sandbox_restarts_max}); see {spec.log}",
                       **spec.event_fields(), pid=pid, code=code, restart_in_s=delay)
         elif self.restart_at is not None and now >= self.restart_at:
-            self.restarts += 1
             self.start(now)
             out.event("restarted", f"{spec.name} restarted (pid {self.pid})", **spec.event_fields(), pid=self.pid)
 

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 
 from zbk import limits
+from zbk.backoff import Backoff
+from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import (
     CorruptMetadataError,
     KeyExistsError,
@@ -40,12 +42,16 @@ log = logging.getLogger(__name__)
 
 
 def cas_retry(store: MetadataStore, key: str, update: Callable[[bytes | None], bytes], *,
-              attempts: int = limits.metadata_cas_attempts_max) -> tuple[bytes, int]:
+              attempts: int = limits.metadata_cas_attempts_max, clock: Clock = SYSTEM_CLOCK,
+              rng: random.Random | None = None) -> tuple[bytes, int]:
     """Set ``key`` to ``update(current value or None)`` atomically; returns (value, version).
 
     ``update`` may run several times (once per conflict) and must be a pure function of
     its input. Raises MetadataVersionError after ``attempts`` lost races."""
-    for attempt in range(attempts):
+    # Full jitter spreads the losers out so that one of them wins the next round.
+    backoff = Backoff(limits.metadata_cas_backoff_s_min, limits.metadata_cas_backoff_s_max, jitter=1.0,
+                      attempts_max=attempts, clock=clock, rng=rng)
+    while True:
         kv = store.get(key)
         new = update(None if kv is None else kv.value)
         try:
@@ -53,9 +59,10 @@ def cas_retry(store: MetadataStore, key: str, update: Callable[[bytes | None], b
                 return new, store.create(key, new)
             return new, store.cas(key, new, kv.version)
         except MetadataVersionError:  # KeyExistsError included
-            # Jitter spreads the losers out so that one of them wins the next round.
-            time.sleep(random.uniform(0, min(limits.metadata_cas_backoff_s_max, limits.metadata_cas_backoff_s_min * 2 ** attempt)))
-    raise MetadataVersionError(f"key {key!r}: gave up after {attempts} conflicting updates")
+            delay = backoff.fail()
+            if backoff.exhausted:
+                raise MetadataVersionError(f"key {key!r}: gave up after {attempts} conflicting updates") from None
+            clock.sleep(delay)
 
 
 def allocate_ledger_id(store: MetadataStore) -> int:

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zbk import limits
+from zbk.backoff import Backoff
 from zbk.errors import (
     ConfigError,
     KeyExistsError,
@@ -132,7 +133,9 @@ class EtcdStore:
         conn = conn or self._kv_conn
         deadline_s = self._deadline_s if deadline_s is None else deadline_s
         deadline = time.monotonic() + deadline_s
-        pause = limits.etcd_retry_pause_s_min
+        # Jittered down to half, so that the clients of a cluster that came back do not all
+        # retry in the same instant.
+        backoff = Backoff(limits.etcd_retry_pause_s_min, limits.etcd_retry_pause_s_max, jitter=0.5)
         renewed = False
         while True:
             stubs = conn.current()
@@ -156,11 +159,10 @@ class EtcdStore:
                     raise
                 reason = str(e)
             conn.fail(stubs.generation)
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + backoff.next_delay_s() > deadline:
                 raise MetadataUnavailableError(
                     f"etcd {','.join(self.endpoints)}: {what} failed for {deadline_s:.1f} s ({reason})")
-            time.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(pause * 2, limits.etcd_retry_pause_s_max)
+            backoff.sleep()
 
     def _k(self, key: str) -> bytes:
         return self._prefix + key.encode()

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from zbk import limits
+from zbk.backoff import Backoff
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import ClientConfig
 from zbk.errors import CorruptMetadataError, MetadataError, NoSuchLedgerError, ZbkError
@@ -158,18 +159,21 @@ class Auditor:
                 self._on_crash()
 
     def _campaign_loop(self) -> None:
+        backoff = Backoff(limits.auditor_error_backoff_s_min, limits.auditor_error_backoff_s_max, clock=self.clock)
         while not self._stop.is_set():
             try:
                 if not self.election.campaign(timeout_s=limits.auditor_campaign_timeout_s):
                     continue
                 if self._stop.is_set():
                     break
+                backoff.reset()  # elected: the metadata store answers again
                 rm.AUDITOR_IS_LEADER.set(1)
                 self._lead()
             except ZbkError as e:
-                log.warning("auditor: %s; retrying in %.1f s", e, limits.auditor_error_backoff_s_min)
+                delay = backoff.fail()
+                log.warning("auditor: %s; retrying in %.1f s", e, delay)
                 self.election.resign()
-                self._stop.wait(limits.auditor_error_backoff_s_min)
+                self._stop.wait(delay)
             finally:
                 rm.AUDITOR_IS_LEADER.set(0)
 
