@@ -11,15 +11,16 @@ even on a fenced ledger. Reads go out concurrently in batches of
 from __future__ import annotations
 
 import asyncio
-import time
 
 from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest, master_key
 from zbk.client.handles import add_batches
+from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieUnavailableError, DigestMismatchError, error_for_status
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.recovery import metrics as rm
+from zbk.tokenbucket import TokenBucket
 from zbk.wire import messages as w
 from zbk.wire.entry import parse_entry
 from zbk.wire.messages import EntryRanges
@@ -70,17 +71,18 @@ class RateLimiter:
     starve the bookies' client traffic (``replication_rate_bytes``). A request is let
     through at once and the next one waits for its debt: no request is ever split."""
 
-    def __init__(self, bytes_per_s: float) -> None:
+    def __init__(self, bytes_per_s: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
         assert bytes_per_s > 0, bytes_per_s
-        self.bytes_per_s = bytes_per_s
-        self._free_at = 0.0  # monotonic time from which the next request may go
+        self.clock = clock
+        # Capacity 0: an idle limiter saves nothing up, so a burst after a pause is paced too.
+        self.bucket = TokenBucket(bytes_per_s, 0.0, now=clock.monotonic())
 
     async def acquire(self, nbytes: int) -> None:
-        now = time.monotonic()
-        start = max(now, self._free_at)
-        self._free_at = start + nbytes / self.bytes_per_s
-        if start > now:
-            await asyncio.sleep(start - now)
+        # Charged before the wait, so that concurrent workers queue behind each other's debt.
+        wait = self.bucket.wait_s(0.0, self.clock.monotonic())
+        self.bucket.take(nbytes)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 class EntryCopier:
