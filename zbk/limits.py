@@ -230,7 +230,13 @@ http_request_timeout_s_default = 10.0  # a client that stalls mid-request is cut
 # of its own: a scrape and a few admin calls need a handful, and a flood of connections
 # must not grow threads (each with its stack) without end.
 http_threads_max = 16
-http_busy_send_timeout_s = 1.0  # the 503 of a refused connection: the accept loop waits no longer for it
+# A connection beyond them waits this long for a thread to come free before its 503: a
+# thread is free only after its client has the answer, and that client's next request must
+# not lose the race. 50 ms per refused connection keeps the accepting thread quick.
+http_slot_wait_s = 0.05
+# A refused connection holds the accept loop (which answers it) at most this long, reading its
+# request and sending the 503: a local client sends its request within milliseconds.
+http_refusal_s_max = 0.25
 
 # --- sandbox (zbk sandbox) --------------------------------------------------------------
 sandbox_base_port_default = 3181  # BookKeeper's bookie port: the first bookie of a sandbox listens there

@@ -13,15 +13,19 @@ Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded
 
 Every request must arrive within ``request_timeout_s`` (a slow client cannot hold a
 thread), bodies are JSON of at most ``limits.http_body_bytes_max``, and a handler that fails answers
-500 with the error rather than dropping the connection.
+with the error rather than dropping the connection. At most ``threads_max`` connections
+are served at once, each on a thread of its own; one more is answered 503 at once by the
+accepting thread, so a flood of connections costs neither unbounded threads nor a queue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,9 +56,62 @@ class HttpError(Exception):
         self.status = status
 
 
+_BUSY_BODY = json.dumps({"error": "busy: too many HTTP requests at once; retry"}).encode()
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``threads_max`` of them at once. Beyond that the
+    accepting thread answers 503 itself and closes the connection: no thread, no queue."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], threads_max: int) -> None:
+        assert threads_max >= 1, threads_max
+        self.threads_max = threads_max
+        self._slots = threading.BoundedSemaphore(threads_max)
+        self.refused = 0  # connections answered 503 (for tests and logs)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=limits.http_slot_wait_s):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        self.refused += 1
+        if self.refused % 100 == 1:
+            log.warning("admin HTTP: %d connection(s) refused with 503: more than %d at once",
+                        self.refused, self.threads_max)
+        try:
+            # Read the request first (it is usually there already): a socket closed with unread
+            # data resets the connection, and the client could lose the 503 with it.
+            request.settimeout(limits.http_refusal_s_max)
+            with contextlib.suppress(TimeoutError):
+                request.recv(64 * 1024)
+            request.sendall(_BUSY)
+        except OSError:
+            pass  # gone, or not reading its answer: nothing more is owed to it
+        finally:
+            self.shutdown_request(request)
+
+
 class AdminHttpServer:
     def __init__(self, host: str, port: int, *, token: str = "", exposed: bool | None = None,
-                 request_timeout_s: float = limits.http_request_timeout_s_default) -> None:
+                 request_timeout_s: float = limits.http_request_timeout_s_default,
+                 threads_max: int = limits.http_threads_max) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.token = token
         # Reachable from other machines? (Tests force it to check the policy on loopback.)
@@ -142,8 +199,7 @@ class AdminHttpServer:
             def do_POST(self) -> None:  # noqa: N802
                 self._handle("POST")
 
-        self.httpd = ThreadingHTTPServer((host, port), _H)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), _H, threads_max)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="zbk-http", daemon=True)
 
