@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from zbk import errors
 from zbk.config import AutoRecoveryConfig, BookieConfig
 from zbk.metrics.http import AdminHttpServer, HttpError, is_loopback_host
 
@@ -192,3 +193,19 @@ def test_a_failing_handler_gives_its_thread_back(make: Any) -> None:
         assert http(s, "POST", "/api/v1/boom")[0] == 500
     assert http(s, "GET", "/api/v1/thing") == (200, {"thing": 1})
     assert s.httpd.refused == 0
+
+
+_TYPED = sorted((c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.ZbkError)),
+                key=lambda c: c.__name__)
+
+
+def test_typed_errors_answer_their_own_status_without_a_traceback(make: Any) -> None:
+    """Through a real server: a handler that raises a typed error answers that error's
+    http_status and code, not 500 with a traceback."""
+    s = make()
+    for cls in _TYPED:
+        s.route("GET", f"/api/v1/raise/{cls.__name__}", lambda _b, cls=cls: (_ for _ in ()).throw(cls("it failed")))
+    for cls in _TYPED:
+        code, body = http(s, "GET", f"/api/v1/raise/{cls.__name__}")
+        assert (code, body) == (cls.http_status, {"error": "it failed", "code": cls.code}), cls
+    assert {404, 409, 503} <= {c.http_status for c in _TYPED}  # not everything is a 500

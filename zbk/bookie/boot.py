@@ -36,7 +36,7 @@ from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError, CorruptDataError
+from zbk.errors import EXIT_OK, CookieMismatchError, CorruptDataError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
@@ -73,7 +73,7 @@ class BookieBoot:
         self.clock = clock
         self.store = store or open_store(self.cfg.metadata_uri)
         self.stop_event = stop_event or threading.Event()
-        self.exit_code = 0
+        self.exit_code = EXIT_OK
         self.crashed: str | None = None
         self.loops: list[ActorLoop] = []
         self.index_actor: ActorLoop | None = None

@@ -6,8 +6,9 @@ request is served; then:
 6. Phase two (limbo repair) is replicator work: at every boot the bookie writes a repair
    mark for each ledger still in limbo here; see zbk/recovery/repair.py.
 
-Exit codes: 0 clean stop; EXIT_COOKIE (4) cookie mismatch; EXIT_BOOT (5) any other boot
-failure (corrupt journal, unreachable metadata...); 10 + n when actor n crashed.
+Exit codes (zbk/errors.py): EXIT_OK clean stop; EXIT_COOKIE cookie mismatch; EXIT_BOOT any
+other boot failure (corrupt journal, unreachable metadata...); EXIT_ACTOR_BASE + n when actor
+n of ACTORS crashed.
 """
 
 from __future__ import annotations
@@ -34,20 +35,17 @@ from zbk.actors.server import ServerCore
 from zbk.bookie.admin import BookieAdmin
 from zbk.bookie.boot import BootReport
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError
+from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_OK, CookieMismatchError
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
 from zbk.storage.gcstate import GcStateFile
 from zbk.storage.journal import LogMark
 from zbk.wire.curve import CurveServer
 
-__all__ = ["ACTORS", "ACTOR_EXIT_BASE", "EXIT_BOOT", "EXIT_COOKIE", "Bookie", "BootReport", "run_bookie"]
+__all__ = ["ACTORS", "Bookie", "BootReport", "run_bookie"]
 
 log = logging.getLogger(__name__)
 
-EXIT_COOKIE = 4
-EXIT_BOOT = 5
-ACTOR_EXIT_BASE = 10
 ACTORS = ("server", "journal", "entrylogger", "index", "gc")
 
 
@@ -144,7 +142,7 @@ class Bookie(BookieAdmin):
     def _on_crash(self, name: str, exc: BaseException) -> None:
         if self.crashed is None:
             self.crashed = name
-            self.exit_code = ACTOR_EXIT_BASE + ACTORS.index(name) if name in ACTORS else ACTOR_EXIT_BASE + 9
+            self.exit_code = EXIT_ACTOR_BASE + ACTORS.index(name) if name in ACTORS else EXIT_ACTOR_BASE + 9
         self.stop_event.set()
 
     def wait(self) -> int:
@@ -211,7 +209,7 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     if stop.is_set():
-        return 0  # asked to stop before anything was touched
+        return EXIT_OK  # asked to stop before anything was touched
     try:
         bookie = Bookie(cfg, stop_event=stop)
         bookie.boot()
@@ -232,4 +230,4 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
     bookie.stop()
     if code:
         os._exit(code)  # an actor crashed: do not run more cleanup that could mask it
-    return 0
+    return EXIT_OK

@@ -70,6 +70,7 @@ from zbk.cli.sandboxlayout import (
     save_layout,
 )
 from zbk.cli.sandboxoutput import AR_DOWN, AR_RUNNING, AR_WAITING, Output, Status
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from zbk.metadata.store import MetadataStore
@@ -308,8 +309,8 @@ class Sandbox:
         clean = self._stop_group([self.autorecovery], "autorecovery", signals_seen)
         clean &= self._stop_group(self.bookies, f"{len(self.bookies)} bookies", signals_seen)
         self.out.event("exit", f"sandbox stopped: {'every process stopped cleanly' if clean else 'NOT all clean'}",
-                       code=0 if clean else 1)
-        return 0 if clean else 1
+                       code=EXIT_OK if clean else EXIT_FAILED)
+        return EXIT_OK if clean else EXIT_FAILED
 
     def _stop_group(self, group: list[Supervised], what: str, signals_seen: int) -> bool:
         """SIGTERM every running child of ``group`` by PID, wait, SIGKILL stragglers; True

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from zbk.errors import EXIT_UNREACHABLE, EXIT_USAGE, BadRequestError, ZbkError
+from zbk.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, BadRequestError, ZbkError
 
 Handler = Callable[[argparse.Namespace], Any]
 COMMANDS: dict[str, tuple[Handler, str]] = {}
@@ -186,7 +186,7 @@ def _whoisauditor(args: argparse.Namespace) -> int:
 
     leader = current_leader(_store(args))
     _out(args, {"auditor": leader}, lambda d: d["auditor"] or "(no auditor)")
-    return 0 if leader else 1
+    return EXIT_OK if leader else EXIT_FAILED
 
 
 @command("lostbookierecoverydelay", "lostbookierecoverydelay [SECONDS]: show or set the audit delay")
@@ -216,7 +216,7 @@ def _triggeraudit(args: argparse.Namespace) -> int:
     _out(args, {"triggered": True, "auditor": leader},
          lambda d: f"audit triggered; auditor {d['auditor']} runs it now" if d["auditor"]
          else "audit triggered, but no auditor is running: it runs when one is elected")
-    return 0 if leader else 1
+    return EXIT_OK if leader else EXIT_FAILED
 
 
 @command("recover", "recover BOOKIE: decommission: re-replicate everything BOOKIE holds elsewhere")
@@ -254,7 +254,7 @@ def _recover(args: argparse.Namespace) -> int:
         f"({d['bytes_copied'] / 1e6:.1f} MB) copied in {d['seconds']} s; "
         + (f"closed {len(d['recovered_open_ledgers'])} open ledger(s) first; " if d["recovered_open_ledgers"] else "")
         + ("SAFE TO REMOVE" if d["safe_to_remove"] else f"NOT safe to remove: still named by {d['still_named_by']}")))
-    return 0 if rep.safe_to_remove else 1
+    return EXIT_OK if rep.safe_to_remove else EXIT_FAILED
 
 
 # -- commands through the client ------------------------------------------------------------
@@ -284,7 +284,7 @@ def _readledger(args: argparse.Namespace) -> int:
                 _progress(args, e.entry_id - first + 1, last - first + 1, f"ledger {lid}")
     _out(args, rows, lambda rs: "\n".join(f"{r['entry_id']}\t{_jsonable(r['payload'][:80])}" for r in rs)
          or "(no confirmed entries)")
-    return 0
+    return EXIT_OK
 
 
 @command("simpletest", "simpletest [--ensemble --write-quorum --ack-quorum --entries N]: write, read back, delete")
@@ -321,7 +321,7 @@ def _simpletest(args: argparse.Namespace) -> int:
          lambda d: (f"simpletest {'OK' if d['ok'] else 'FAILED'}: ledger {d['ledger_id']}, {d['entries']} entries on "
                     f"{d['ensembles']}; write {d['write_entries_per_s']:,}/s, read {d['read_entries_per_s']:,}/s"
                     + (f", {d['mismatches']} mismatches" if d["mismatches"] else "")))
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 # -- commands against one bookie -----------------------------------------------------------
@@ -354,7 +354,7 @@ def _readentry(args: argparse.Namespace) -> int:
         data["bytes"] = len(blob)
         data["blob_hex"] = blob.hex() if args.json else blob[:64].hex() + ("..." if len(blob) > 64 else "")
     _out(args, data)
-    return 0 if r.entries else 1
+    return EXIT_OK if r.entries else EXIT_FAILED
 
 
 @command("ledgerentries", "ledgerentries --bookie B LID: entry ids one bookie holds")
@@ -369,7 +369,7 @@ def _ledgerentries(args: argparse.Namespace) -> int:
     _out(args, {"bookie": args.bookie, "ledger_id": lid, "status": r.status.name,
                 "ranges": [list(x) for x in r.entry_ranges]},
          lambda d: f"{d['status']}: " + (", ".join(f"{a}-{b}" if a != b else str(a) for a, b in d["ranges"]) or "none"))
-    return 0 if r.status == 0 else 1
+    return EXIT_OK if r.status == 0 else EXIT_FAILED
 
 
 # -- offline tools ----------------------------------------------------------------------------
@@ -455,7 +455,7 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"zbk shell {args.shell_command}: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    return int(result or 0)
+    return int(result or EXIT_OK)
 
 
 def add_parser(sub: Any) -> None:

@@ -13,7 +13,8 @@ Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded
 
 Every request must arrive within ``request_timeout_s`` (a slow client cannot hold a
 thread), bodies are JSON of at most ``limits.http_body_bytes_max``, and a handler that fails answers
-with the error rather than dropping the connection. At most ``threads_max`` connections
+with the error rather than dropping the connection: a typed error (zbk/errors.py) with its
+``http_status`` and ``code``, anything else with 500. At most ``threads_max`` connections
 are served at once, each on a thread of its own; one more is answered 503 at once by the
 accepting thread, so a flood of connections costs neither unbounded threads nor a queue.
 """
@@ -162,7 +163,10 @@ class AdminHttpServer:
                     self._send(e.status, json.dumps({"error": str(e)}).encode())
                     return
                 except ZbkError as e:
-                    self._send(500, json.dumps({"error": str(e), "code": e.code}).encode())
+                    # A typed error is an answer, not a crash: its status, no traceback.
+                    if e.http_status >= 500:
+                        log.warning("admin HTTP %s %s: %s: %s", method, path, e.code, e)
+                    self._send(e.http_status, json.dumps({"error": str(e), "code": e.code}).encode())
                     return
                 except Exception as e:  # noqa: BLE001 - a handler bug answers 500, never drops the client
                     log.exception("admin HTTP %s %s failed", method, path)
