@@ -32,8 +32,21 @@ def test_codes_are_unique():
 def test_every_error_status_round_trips(status):
     err = errors.error_for_status(status)
     assert isinstance(err, errors.ZbkError)
-    if status != Status.EBADVERSION:
-        assert errors.status_for_error(err) == status
+    assert errors.status_for_error(err) == status
+
+
+def test_ebadversion_is_a_protocol_version_mismatch_not_a_metadata_conflict():
+    """EBADVERSION: the peer speaks another protocol version. A lost metadata compare-and-set
+    is a client-side failure that never crosses the wire (a bookie would answer EIO)."""
+    err = errors.error_for_status(Status.EBADVERSION)
+    assert type(err) is errors.ProtocolVersionError
+    assert isinstance(err, errors.BadRequestError)  # callers that catch bad requests still do
+    assert not isinstance(err, errors.MetadataVersionError)
+    assert errors.MetadataVersionError.wire_status is None
+    assert errors.KeyExistsError.wire_status is None
+    assert errors.status_for_error(errors.MetadataVersionError("lost the race")) == Status.EIO
+    assert errors.status_for_error(errors.KeyExistsError("there already")) == Status.EIO
+    assert [s for s, c in errors._BY_STATUS.items() if issubclass(c, errors.MetadataVersionError)] == []
 
 
 def test_bp46_response_classes():
@@ -80,7 +93,7 @@ def test_every_error_class_has_an_http_status_of_its_own():
     """Total: every error of zbk, in any module, answers a status decided for it (or for a
     typed parent other than the ZbkError root), never the root's generic 500 by default."""
     classes = _every_error_class()
-    assert {"FrameError", "MetadataVersionError"} <= {c.__name__ for c in classes}
+    assert {"FrameError", "ProtocolVersionError", "MetadataVersionError"} <= {c.__name__ for c in classes}
     undecided = []
     for cls in classes:
         assert cls.http_status in HTTP_ERROR_STATUSES, (cls, cls.http_status)
@@ -93,7 +106,7 @@ def test_every_error_class_has_an_http_status_of_its_own():
 
 
 @pytest.mark.parametrize("name,status", [
-    ("BadRequestError", 400), ("ConfigError", 400), ("UnauthorizedError", 403),
+    ("BadRequestError", 400), ("ConfigError", 400), ("ProtocolVersionError", 400), ("UnauthorizedError", 403),
     ("NoSuchLedgerError", 404), ("NoSuchEntryError", 404), ("MetadataVersionError", 409),
     ("KeyExistsError", 409), ("LedgerFencedError", 409), ("TooManyRequestsError", 429),
     ("MetadataUnavailableError", 503), ("BookieUnavailableError", 503), ("NotEnoughBookiesError", 503),

@@ -107,11 +107,16 @@ class ZbkTimeoutError(ZbkError):
 
 
 class MetadataVersionError(ZbkError):
-    """A compare-and-set on metadata lost against a concurrent writer (or the key already exists)."""
+    """A compare-and-set on metadata lost against a concurrent writer (or the key already exists).
+
+    A client-side failure, as BookKeeper's MetadataVersionException: bookies do not write
+    metadata while serving requests, so it never crosses the wire (no ``wire_status``; a
+    bookie that met one anyway would answer EIO, as for any failure without a status).
+    EBADVERSION is not its status: that one means a protocol version the peer does not speak
+    (:class:`ProtocolVersionError`)."""
 
     code = "METADATA_VERSION"
     http_status = 409
-    wire_status = Status.EBADVERSION
 
 
 class KeyExistsError(MetadataVersionError):
@@ -128,6 +133,14 @@ class BadRequestError(ZbkError):
     http_status = 400
     wire_status = Status.EBADREQ
     exit_code = EXIT_USAGE
+
+
+class ProtocolVersionError(BadRequestError):
+    """The peer speaks another version of the wire protocol (EBADVERSION)."""
+
+    code = "PROTOCOL_VERSION"
+    http_status = 400
+    wire_status = Status.EBADVERSION
 
 
 class ReadOnlyError(ZbkError):
@@ -255,7 +268,7 @@ _BY_STATUS: dict[Status, type[ZbkError]] = {
     Status.EBADREQ: BadRequestError,
     Status.EIO: BookieIOError,
     Status.EUA: UnauthorizedError,
-    Status.EBADVERSION: BadRequestError,
+    Status.EBADVERSION: ProtocolVersionError,
     Status.EFENCED: LedgerFencedError,
     Status.EREADONLY: ReadOnlyError,
     Status.ETOOMANYREQUESTS: TooManyRequestsError,
