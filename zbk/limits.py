@@ -75,6 +75,13 @@ journal_group_bytes_default = 512 * 1024  # BookKeeper's journalBufferedWritesTh
 # time: one index write per page instead of one per entry, in bounded memory.
 replay_index_puts_max = 4096
 
+# --- bookie process -----------------------------------------------------------------------
+# An actor starts (binds its sockets) in milliseconds and stops within one poll of its loop
+# after its last message: 10 s for either means it is stuck, and the bookie says where.
+actor_start_timeout_s = 10.0
+actor_stop_timeout_s = 10.0
+process_stop_poll_s = 0.5  # a process's main thread looks for a stop (signal, crash) this often
+
 # --- entry log / index ------------------------------------------------------------------
 entry_log_bytes_default = 1024 * 1024 * 1024  # BookKeeper's logSizeLimit: one log is compacted (rewritten) whole
 entry_log_write_buffer_bytes_default = 64 * 1024  # BookKeeper's writeBufferSizeBytes: one write() per buffer
@@ -221,6 +228,8 @@ replicator_backoff_jitter = 0.2  # a retry comes up to 20% early
 copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
 copy_batch_bytes_max = frame_bytes_max_default // 2  # a RECOVERY_ADD stays within a default frame, headers and all
 decommission_lock_wait_s_max = 120.0  # how long to wait for a ledger a replicator is working on
+decommission_lock_poll_s = 0.5  # ... asking for its lock this often
+auditor_stop_timeout_s = 30.0  # the periodic check sees the stop between ledgers; one ledger's check ends within this
 autorecovery_stop_timeout_s = 30.0  # the replicator finishes its current copy within this at stop
 
 # --- HTTP (metrics and admin API) -------------------------------------------------------

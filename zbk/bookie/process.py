@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from zbk import limits
 from zbk.actors.base import ActorLoop, drop_handoff, pipe_address
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings
@@ -96,7 +97,7 @@ class Bookie(BookieAdmin):
         for loop in self.loops:  # PULL sockets are bound in the constructors, before any connect
             loop.start()
         for loop in self.loops:
-            loop.ready.wait(10)
+            loop.ready.wait(limits.actor_start_timeout_s)
         if self.crashed:
             raise RuntimeError(f"actor {self.crashed} failed to start")
         self.admin = self.ctx.socket(zmq.PUSH)
@@ -147,7 +148,7 @@ class Bookie(BookieAdmin):
 
     def wait(self) -> int:
         """Block until stopped (signal or actor crash); returns the exit code."""
-        while not self.stop_event.wait(0.5):
+        while not self.stop_event.wait(limits.process_stop_poll_s):
             pass
         return self.exit_code
 
@@ -160,7 +161,7 @@ class Bookie(BookieAdmin):
         if self.lease is not None:
             self.lease.stop()  # revokes the lease: the registration vanishes at once
         for loop in self.loops:
-            loop.join(10)
+            loop.join(limits.actor_stop_timeout_s)
         if self.http is not None:
             self.http.stop()
         if not self.crashed and self.index_actor is not None and not self.index_actor.is_alive():
@@ -182,7 +183,8 @@ class Bookie(BookieAdmin):
             for loop in stuck:
                 frame = frames.get(loop.ident or -1)
                 where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
-                log.error("actor %s did not stop within 10 s; it is at:\n%s", loop.core.name, where.rstrip())
+                log.error("actor %s did not stop within %.0f s; it is at:\n%s", loop.core.name, limits.actor_stop_timeout_s,
+                          where.rstrip())
             log.error("an actor did not stop: dirty marker left set")
             return
         self.journal.sync(fsync=True)

@@ -136,9 +136,9 @@ class Auditor:
         """Stop campaigning and resign leadership (another candidate takes over at once)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(30)
+        self._thread.join(limits.auditor_stop_timeout_s)
         if self._check_thread is not None:
-            self._check_thread.join(30)  # the check sees the stop event between ledgers
+            self._check_thread.join(limits.auditor_stop_timeout_s)  # the check sees the stop event between ledgers
         self.election.close()
         rm.AUDITOR_IS_LEADER.set(0)
 

@@ -95,7 +95,7 @@ async def _with_lock(registry: UnderReplicationRegistry, lease: int, lid: int,
         if time.monotonic() > deadline:
             raise MetadataVersionError(f"ledger {lid}: locked by {registry.lock_holder(lid)} for "
                                        f"{limits.decommission_lock_wait_s_max:.0f} s")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(limits.decommission_lock_poll_s)
     try:
         await work()
     finally:

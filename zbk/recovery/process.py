@@ -185,7 +185,7 @@ def run_autorecovery(cfg: Any) -> int:
     ar = AutoRecovery(cfg, stop_event=stop)
     try:
         ar.start()
-        while not stop.wait(0.5):
+        while not stop.wait(limits.process_stop_poll_s):
             pass
     finally:
         ar.stop()
