@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zbk import limits
 from zbk.errors import BadRequestError, CorruptMetadataError, InvalidStateTransitionError
 from zbk.metadata import layout
-from zbk.metadata.ledger import ENSEMBLE_SIZE_MAX, STATES, LedgerMetadata
+from zbk.metadata.ledger import STATES, LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, Cookie, LedgerStore
 from zbk.metadata.store import MetadataStore
 
@@ -36,7 +37,7 @@ def test_encode_decode_roundtrip() -> None:
     assert full.ensembles == {0: list(B[:3]), 10: [B[0], B[3], B[2]], 30: [B[3], B[1], B[2]]}
 
 
-@pytest.mark.parametrize("e,wq,aq", [(3, 4, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0), (ENSEMBLE_SIZE_MAX + 1, 2, 2)])
+@pytest.mark.parametrize("e,wq,aq", [(3, 4, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0), (limits.ledger_ensemble_size_max + 1, 2, 2)])
 def test_quorums_must_satisfy_e_ge_wq_ge_aq_ge_1(e: int, wq: int, aq: int) -> None:
     bookies = tuple(f"b{i}:1" for i in range(e))
     with pytest.raises(BadRequestError, match="E >= WQ >= AQ >= 1"):

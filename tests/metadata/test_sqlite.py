@@ -11,9 +11,10 @@ import pytest
 from helpers.spawn import run_racing
 from helpers.wait import wait_until
 
+from zbk import limits
 from zbk.clock import FakeClock
 from zbk.errors import CorruptMetadataError, LeaseExpiredError, WatchCompactedError
-from zbk.metadata.sqlite import SqliteStore, trim_every_revisions
+from zbk.metadata.sqlite import SqliteStore
 from zbk.metadata.store import WatchEvent
 
 from .conftest import Recorder
@@ -22,7 +23,7 @@ from .workers import open_and_put
 
 def test_changelog_is_trimmed_to_what_is_kept(tmp_path: Path) -> None:
     with SqliteStore(str(tmp_path / "m.db"), changelog_kept=10) as store:
-        for i in range(3 * trim_every_revisions):
+        for i in range(3 * limits.sqlite_trim_every_revisions):
             store.put("k", str(i).encode())
         top = store.revision()
         with pytest.raises(WatchCompactedError):
@@ -47,7 +48,7 @@ def test_watch_that_falls_behind_reports_compaction(tmp_path: Path) -> None:
         w = store.watch("s/", slow, on_error=errors.append)
         writer.put("s/first", b"")
         wait_until(lambda: seen, message="first event")
-        for i in range(3 * trim_every_revisions):  # meanwhile history moves past the watch
+        for i in range(3 * limits.sqlite_trim_every_revisions):  # meanwhile history moves past the watch
             writer.put(f"s/{i}", b"")
         release.set()
         wait_until(lambda: errors, message="the compaction report")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import make_digest
 from zbk.config import ClientConfig
@@ -178,12 +179,14 @@ def test_copies_are_throttled(env: Env) -> None:
 
 def test_failure_after_a_grace_wait_still_backs_off(env: Env) -> None:
     lid = env.md.ledger_id
-    env.replicator._backoff[lid] = rep._Backoff(0.0, 0.0)  # what a finished grace wait leaves
+    b = env.replicator._backoff_of(lid)  # what a finished grace wait leaves: no failure, nothing to wait for
+    b.reset()
+    b.hold_until(0.0)
     env.t.down = {LIVE[0]}
     assert not asyncio.run(env.replicator.run_once())
-    assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
+    assert env.replicator._backoff[lid].delay_s == limits.replicator_backoff_s_min
     asyncio.run(env.replicator.run_once())  # still backing off: no attempt, no growth
-    assert env.replicator._backoff[lid].delay_s == rep.backoff_s_min
+    assert env.replicator._backoff[lid].delay_s == limits.replicator_backoff_s_min
 
 
 def test_a_mark_another_worker_finished_after_our_listing_is_not_worked_again(env: Env) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from helpers.journal import write_torn
 from helpers.wait import wait_until
 
+from zbk.errors import EXIT_BOOT
 from zbk.metadata.registry import list_bookies
 from zbk.metadata.uri import open_store
 from zbk.storage import entrylog, index
@@ -28,7 +29,6 @@ from zbk.wire.status import Status
 
 from .util import add, checked, metric, read, read_all
 
-EXIT_BOOT = 5
 SIZE = 1000
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from zbk import errors
 from zbk.config import AutoRecoveryConfig, BookieConfig
 from zbk.metrics.http import AdminHttpServer, HttpError, is_loopback_host
 
@@ -140,3 +142,70 @@ def test_a_client_that_sends_nothing_is_cut_off(make: Any) -> None:
         assert c.recv(100) == b""  # the server closed the connection
         assert time.monotonic() - started < 4
     assert http(s, "GET", "/heartbeat")[0] == 200
+
+
+def test_connections_beyond_the_thread_bound_get_503_at_once_and_no_thread(make: Any) -> None:
+    """A real server with room for two connections: two slow requests hold both threads;
+    more connections are answered 503 quickly by the accepting thread, and no thread is
+    started for them. Once the slow ones finish, requests are served again."""
+    s = make(threads_max=2)
+    release = threading.Event()
+    inside = threading.Semaphore(0)
+
+    def slow(_body: Any) -> dict[str, Any]:
+        inside.release()
+        release.wait(20)
+        return {"slow": True}
+
+    s.route("GET", "/api/v1/slow", slow)
+    results: list[int] = []
+    slow_clients = [threading.Thread(target=lambda: results.append(http(s, "GET", "/api/v1/slow")[0]))
+                    for _ in range(2)]
+    try:
+        for t in slow_clients:
+            t.start()
+        for _ in slow_clients:
+            assert inside.acquire(timeout=10), "the slow requests hold both threads"
+        threads_before = threading.active_count()
+        for _ in range(5):
+            started = time.monotonic()
+            code, body = http(s, "GET", "/heartbeat")
+            assert (code, "busy" in body.get("error", "")) == (503, True)
+            assert time.monotonic() - started < 2
+        # A client that connects and says nothing is refused as well, within the bound.
+        with socket.create_connection(("127.0.0.1", s.port), timeout=5) as c:
+            started = time.monotonic()
+            assert c.recv(100).startswith(b"HTTP/1.0 503")
+            assert time.monotonic() - started < 2
+        assert threading.active_count() == threads_before, "a refused connection started no thread"
+        assert s.httpd.refused == 6
+    finally:
+        release.set()
+        for t in slow_clients:
+            t.join(20)
+    assert results == [200, 200]
+    assert http(s, "GET", "/heartbeat")[0] == 200  # both slots came back
+
+
+def test_a_failing_handler_gives_its_thread_back(make: Any) -> None:
+    s = make(threads_max=1)
+    for _ in range(3):
+        assert http(s, "POST", "/api/v1/boom")[0] == 500
+    assert http(s, "GET", "/api/v1/thing") == (200, {"thing": 1})
+    assert s.httpd.refused == 0
+
+
+_TYPED = sorted((c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.ZbkError)),
+                key=lambda c: c.__name__)
+
+
+def test_typed_errors_answer_their_own_status_without_a_traceback(make: Any) -> None:
+    """Through a real server: a handler that raises a typed error answers that error's
+    http_status and code, not 500 with a traceback."""
+    s = make()
+    for cls in _TYPED:
+        s.route("GET", f"/api/v1/raise/{cls.__name__}", lambda _b, cls=cls: (_ for _ in ()).throw(cls("it failed")))
+    for cls in _TYPED:
+        code, body = http(s, "GET", f"/api/v1/raise/{cls.__name__}")
+        assert (code, body) == (cls.http_status, {"error": "it failed", "code": cls.code}), cls
+    assert {404, 409, 503} <= {c.http_status for c in _TYPED}  # not everything is a 500

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
+from zbk import limits
 from zbk.storage.disk import FaultyDisk
-from zbk.storage.entrylog import _DROP_STEP_BYTES, EntryLogWriter
+from zbk.storage.entrylog import EntryLogWriter
 
 MIB = 1024 * 1024
 
@@ -41,7 +42,7 @@ def test_drop_behind_keeps_the_newest_bytes_cached_and_loses_nothing(tmp_path):
     written = w._bytes_written
     dropped = sum(n for _, _, n in disk.dropped)
     # Everything but the newest keep_cached_bytes (give or take one drop step) was dropped.
-    assert written - keep - _DROP_STEP_BYTES - 64 * 1024 <= dropped <= written - keep
+    assert written - keep - limits.entry_log_drop_step_bytes_min - 64 * 1024 <= dropped <= written - keep
     # Oldest first and contiguous: the drops tile each log from offset 0 in order, and the
     # next log's drops start only once the previous log was dropped whole.
     order: list[str] = []

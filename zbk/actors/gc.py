@@ -83,6 +83,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from zbk import limits
 from zbk.actors.base import Outbox
 from zbk.actors.messages import (
     CompactChunk,
@@ -100,15 +101,12 @@ from zbk.actors.messages import (
 )
 from zbk.config import GcConfig
 from zbk.metrics import bookie as m
+from zbk.tokenbucket import TokenBucket
 
 log = logging.getLogger(__name__)
 
 MINOR = "minor"
 MAJOR = "major"
-GC_TICK_S = 0.1  # pacing granularity of compaction chunks
-# One chunk blocks the EntryLogger for this much scanning and copying at most (plus one
-# record), so adds and reads wait a few milliseconds, not for a whole log.
-COMPACTION_CHUNK_BYTES_MAX = 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +117,8 @@ class GcSettings:
     major_threshold: float
     major_interval_s: float
     rate_bytes_per_s: float
-    chunk_bytes_max: int = COMPACTION_CHUNK_BYTES_MAX
-    tick_s: float = GC_TICK_S
+    chunk_bytes_max: int = limits.gc_compaction_chunk_bytes_max
+    tick_s: float = limits.gc_tick_s
 
     @classmethod
     def from_config(cls, cfg: GcConfig) -> GcSettings:
@@ -271,8 +269,8 @@ class GcCore:
         self.next_run_at: float | None = None
         self.last_minor_at = 0.0
         self.last_major_at = 0.0
-        self.tokens = 0.0
-        self.tokens_at = 0.0
+        # Compaction pacing: bytes scanned, refilled at rate_bytes_per_s, one chunk's worth at most.
+        self.bucket = TokenBucket(settings.rate_bytes_per_s, float(settings.chunk_bytes_max))
         self.garbage: dict[int, dict[int, int]] = {}  # log -> ledger -> bytes the index rejected
         self.failed_logs: set[int] = set()  # compaction failed (corrupt?): left for an operator
         self.deletions: dict[int, _Deletion] = {}
@@ -290,7 +288,8 @@ class GcCore:
         compaction kind after its interval."""
         if self.next_run_at is None:
             self.next_run_at = now + self.s.gc_wait_s
-            self.last_minor_at = self.last_major_at = self.tokens_at = now
+            self.last_minor_at = self.last_major_at = now
+            self.bucket.reset(0.0, now)
 
     # -- ticks and dispatch -------------------------------------------------------------------
     def on_tick(self, now: float) -> None:
@@ -474,8 +473,7 @@ class GcCore:
         log.info("gc: compacting entry log %d (%s%s, %d bytes)", job.log_id, cand.kind,
                  ", suspect" if cand.suspect else "", job.total_bytes)
         self._send("entrylogger", CompactLog(job.job_id, job.log_id))
-        self.tokens = float(self.s.chunk_bytes_min)  # the first chunk goes at once
-        self.tokens_at = now
+        self.bucket.reset(float(self.s.chunk_bytes_min), now)  # the first chunk goes at once
         self._pump(now)
 
     def _pump(self, now: float) -> None:
@@ -483,13 +481,11 @@ class GcCore:
         job = self.job
         if job is None or job.chunk_out or job.finished:
             return
-        self.tokens = min(float(self.s.chunk_bytes_max),
-                          self.tokens + self.s.rate_bytes_per_s * max(0.0, now - self.tokens_at))
-        self.tokens_at = now
-        if self.tokens < self.s.chunk_bytes_min:
+        tokens = self.bucket.refill(now)
+        if tokens < self.s.chunk_bytes_min:
             return
         job.chunk_out = True
-        self._send("entrylogger", CompactChunk(job.job_id, int(self.tokens)))
+        self._send("entrylogger", CompactChunk(job.job_id, int(tokens)))
 
     def _on_relocated(self, msg: Relocated, now: float) -> None:
         job = self.job
@@ -499,7 +495,7 @@ class GcCore:
         job.chunk_out = False
         job.scanned += msg.scanned_bytes
         job.copied += msg.copied_bytes
-        self.tokens -= msg.scanned_bytes  # may go below zero: the next chunk waits longer
+        self.bucket.take(msg.scanned_bytes)  # may go below zero: the next chunk waits longer
         for lg, lid, size in msg.rejected:
             per = self.garbage.setdefault(lg, {})
             per[lid] = per.get(lid, 0) + size

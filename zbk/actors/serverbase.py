@@ -33,7 +33,6 @@ from zbk.wire.status import Status
 
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.actors.server")
-_SHARED_KEYS_MAX = 65536  # distinct master keys ServerCore.shared_key keeps
 
 
 @dataclass(slots=True)
@@ -282,13 +281,13 @@ class ServerBase:
         return key is not None and hmac.compare_digest(state.master_key, key)
 
     def shared_key(self, key: bytes) -> bytes:
-        """``key`` as the one object of its value this bookie keeps (up to _SHARED_KEYS_MAX
+        """``key`` as the one object of its value this bookie keeps (up to limits.server_shared_keys_max
         distinct keys; beyond that a ledger keeps its own)."""
         shared = self.keys.get(key)
         if shared is not None:
             return shared
         key = bytes(key)
-        if len(self.keys) < _SHARED_KEYS_MAX:
+        if len(self.keys) < limits.server_shared_keys_max:
             self.keys[key] = key
         return key
 

@@ -28,9 +28,6 @@ from zbk import limits
 # The loop's own logger: these are its decisions, and log configuration stays as it was.
 log = logging.getLogger("zbk.actors.loops")
 
-_PROBE_BYTES_MIN = 64 * 1024  # statvfs costs microseconds
-
-
 class PeerBacklogs:
     """Replies waiting for full peer pipes, and the peers stalled because one did not fit.
 
@@ -132,7 +129,7 @@ class DiskProbeSchedule:
     after each batch and, when it probed, reports the reading (:meth:`probed`).
     """
 
-    def __init__(self, *, interval_s: float, threshold: float, bytes_min: int = _PROBE_BYTES_MIN) -> None:
+    def __init__(self, *, interval_s: float, threshold: float, bytes_min: int = limits.disk_probe_bytes_min) -> None:
         self.interval_s = interval_s
         self.threshold = threshold
         self.bytes_min = bytes_min

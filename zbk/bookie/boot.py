@@ -36,7 +36,7 @@ from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError, CorruptDataError
+from zbk.errors import EXIT_OK, CookieMismatchError, CorruptDataError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
@@ -64,10 +64,6 @@ class BootReport:
     closed_ledgers_lacking: int = 0  # closed ledgers given an "unclean" repair mark by phase one
 
 
-_REPLAY_PUTS = 4096  # index updates of replayed adds applied together (Bookie._replay)
-
-
-
 class BookieBoot:
     """The bookie's state from its constructor to the end of boot (``boot()``)."""
 
@@ -77,7 +73,7 @@ class BookieBoot:
         self.clock = clock
         self.store = store or open_store(self.cfg.metadata_uri)
         self.stop_event = stop_event or threading.Event()
-        self.exit_code = 0
+        self.exit_code = EXIT_OK
         self.crashed: str | None = None
         self.loops: list[ActorLoop] = []
         self.index_actor: ActorLoop | None = None
@@ -211,7 +207,7 @@ class BookieBoot:
         n = 0
         last = start
         # Index updates of consecutive ADD records go in batches (LedgerCache.put_many),
-        # in journal order: before any other record is applied, and at most _REPLAY_PUTS.
+        # in journal order: before any other record is applied, and at most limits.replay_index_puts_max.
         lids: list[int] = []
         eids: list[int] = []
         locs: list[int] = []
@@ -231,7 +227,7 @@ class BookieBoot:
                 lids.append(rec.ledger_id)
                 eids.append(rec.entry_id)
                 locs.append(self.logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-                if len(lids) >= _REPLAY_PUTS:
+                if len(lids) >= limits.replay_index_puts_max:
                     put_pending()
                 continue
             put_pending()

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from zbk import limits
 from zbk.client.digest import Crc32cDigest, Crc32Digest, Digest
 from zbk.errors import CorruptDataError, DigestMismatchError
 from zbk.storage import index
@@ -35,8 +36,6 @@ from zbk.storage.entrylogformat import (
 )
 from zbk.wire.entry import DigestType, check_structure, parse_entry
 
-# Entry logs held open at once while checking (least recently used closed first).
-_LOGS_OPEN_MAX = 64
 _DIGESTS: dict[int, Digest] = {DigestType.CRC32: Crc32Digest(), DigestType.CRC32C: Crc32cDigest()}
 
 
@@ -98,7 +97,7 @@ class _LogReader:
         footer = read_footer(fd, log_id)
         end = footer.data_end if footer is not None else os.fstat(fd).st_size
         self._open[log_id] = (fd, end, problem)
-        if len(self._open) > _LOGS_OPEN_MAX:
+        if len(self._open) > limits.consistency_check_logs_open_max:
             os.close(self._open.popitem(last=False)[1][0])
         return fd, end, problem
 

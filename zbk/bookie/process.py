@@ -6,8 +6,9 @@ request is served; then:
 6. Phase two (limbo repair) is replicator work: at every boot the bookie writes a repair
    mark for each ledger still in limbo here; see zbk/recovery/repair.py.
 
-Exit codes: 0 clean stop; EXIT_COOKIE (4) cookie mismatch; EXIT_BOOT (5) any other boot
-failure (corrupt journal, unreachable metadata...); 10 + n when actor n crashed.
+Exit codes (zbk/errors.py): EXIT_OK clean stop; EXIT_COOKIE cookie mismatch; EXIT_BOOT any
+other boot failure (corrupt journal, unreachable metadata...); EXIT_ACTOR_BASE + n when actor
+n of ACTORS crashed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from zbk import limits
 from zbk.actors.base import ActorLoop, Outbox, SocketOutbox, drop_handoff, pipe_address
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings
@@ -34,20 +36,17 @@ from zbk.actors.server import ServerCore
 from zbk.bookie.admin import BookieAdmin
 from zbk.bookie.boot import BootReport
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError
+from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_OK, CookieMismatchError
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
 from zbk.storage.gcstate import GcStateFile
 from zbk.storage.journal import LogMark
 from zbk.wire.curve import CurveServer
 
-__all__ = ["ACTORS", "ACTOR_EXIT_BASE", "EXIT_BOOT", "EXIT_COOKIE", "Bookie", "BootReport", "run_bookie"]
+__all__ = ["ACTORS", "Bookie", "BootReport", "run_bookie"]
 
 log = logging.getLogger(__name__)
 
-EXIT_COOKIE = 4
-EXIT_BOOT = 5
-ACTOR_EXIT_BASE = 10
 ACTORS = ("server", "journal", "entrylogger", "index", "gc")
 
 
@@ -104,7 +103,7 @@ class Bookie(BookieAdmin):
         for loop in self.loops:  # PULL sockets are bound in the constructors, before any connect
             loop.start()
         for loop in self.loops:
-            loop.ready.wait(10)
+            loop.ready.wait(limits.actor_start_timeout_s)
         if self.crashed:
             raise RuntimeError(f"actor {self.crashed} failed to start")
         self.admin = self.ctx.socket(zmq.PUSH)
@@ -150,12 +149,12 @@ class Bookie(BookieAdmin):
     def _on_crash(self, name: str, exc: BaseException) -> None:
         if self.crashed is None:
             self.crashed = name
-            self.exit_code = ACTOR_EXIT_BASE + ACTORS.index(name) if name in ACTORS else ACTOR_EXIT_BASE + 9
+            self.exit_code = EXIT_ACTOR_BASE + ACTORS.index(name) if name in ACTORS else EXIT_ACTOR_BASE + 9
         self.stop_event.set()
 
     def wait(self) -> int:
         """Block until stopped (signal or actor crash); returns the exit code."""
-        while not self.stop_event.wait(0.5):
+        while not self.stop_event.wait(limits.process_stop_poll_s):
             pass
         return self.exit_code
 
@@ -168,7 +167,7 @@ class Bookie(BookieAdmin):
         if self.lease is not None:
             self.lease.stop()  # revokes the lease: the registration vanishes at once
         for loop in self.loops:
-            loop.join(10)
+            loop.join(limits.actor_stop_timeout_s)
         if self.http is not None:
             self.http.stop()
         if not self.crashed and self.index_actor is not None and not self.index_actor.is_alive():
@@ -190,7 +189,8 @@ class Bookie(BookieAdmin):
             for loop in stuck:
                 frame = frames.get(loop.ident or -1)
                 where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
-                log.error("actor %s did not stop within 10 s; it is at:\n%s", loop.core.name, where.rstrip())
+                log.error("actor %s did not stop within %.0f s; it is at:\n%s", loop.core.name, limits.actor_stop_timeout_s,
+                          where.rstrip())
             log.error("an actor did not stop: dirty marker left set")
             return
         self.journal.sync(fsync=True)
@@ -217,7 +217,7 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     if stop.is_set():
-        return 0  # asked to stop before anything was touched
+        return EXIT_OK  # asked to stop before anything was touched
     try:
         bookie = Bookie(cfg, stop_event=stop)
         bookie.boot()
@@ -238,4 +238,4 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
     bookie.stop()
     if code:
         os._exit(code)  # an actor crashed: do not run more cleanup that could mask it
-    return 0
+    return EXIT_OK

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from zbk import limits
+from zbk.backoff import Backoff
 from zbk.bookie.boot import BookieBoot
 from zbk.errors import KeyExistsError, LeaseExpiredError
 from zbk.metadata.coordination import LeaseKeeper
@@ -28,7 +30,7 @@ class BookieRegistrar(BookieBoot):
                                  state="readonly" if read_only else "writable")
         self._registration = reg
         with self._reg_lock:
-            deadline = self.clock.monotonic() + 2 * self.cfg.registration_ttl_s + 5
+            deadline = self.clock.monotonic() + 2 * self.cfg.registration_ttl_s + limits.registration_wait_slack_s
             while True:
                 if self.lease is None or self.lease.lost:
                     self.lease = LeaseKeeper(self.store, ttl_s=self.cfg.registration_ttl_s,
@@ -42,7 +44,7 @@ class BookieRegistrar(BookieBoot):
                         raise
                     log.info("registration of %s still held by a previous process; waiting for its lease",
                              self.cfg.bookie_id)
-                    self.clock.sleep(0.5)
+                    self.clock.sleep(limits.registration_held_poll_s)
                 except LeaseExpiredError as e:
                     # Our own new lease expired before it was used (a loaded metadata store
                     # answered a keep-alive too late, e.g. while we waited above): take another.
@@ -59,15 +61,16 @@ class BookieRegistrar(BookieBoot):
         log.warning("registration lease lost: registering again")
 
         def again() -> None:
-            delay = 0.5
+            backoff = Backoff(limits.reregistration_backoff_s_min, limits.reregistration_backoff_s_max,
+                              clock=self.clock)
             while not self.stop_event.is_set():
                 try:
                     self._register(read_only=self.server_read_only)
                     return
                 except Exception as e:  # noqa: BLE001 - keep trying while the store is down
+                    delay = backoff.fail()
                     log.error("re-registration failed (retrying in %.1fs): %s", delay, e)
                     self.stop_event.wait(delay)
-                    delay = min(delay * 2, 10.0)
 
         threading.Thread(target=again, name="zbk-reregister", daemon=True).start()
 

@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from zbk.errors import EXIT_OK
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="load generator: append throughput and latency")
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
               f"E{report['ensemble']} WQ{report['write_quorum']} AQ{report['ack_quorum']}, window {report['window']}")
         print(f"throughput: {report['entries_per_s']:,.0f} entries/s ({report['mb_per_s']:.1f} MB/s)")
         print("latency ms: p50 {p50_ms:.2f}  p95 {p95_ms:.2f}  p99 {p99_ms:.2f}  max {max_ms:.2f}".format(**report))
-    return 0
+    return EXIT_OK
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:

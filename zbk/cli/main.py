@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from zbk.errors import EXIT_USAGE, ZbkError
+from zbk.errors import EXIT_OK, EXIT_USAGE, ZbkError
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -46,7 +46,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
     public, secret = generate_keypair(args.dir, args.name)
     print(f"public key: {public}\nkey pair (keep private): {secret}")
-    return 0
+    return EXIT_OK
 
 
 class _Parser(argparse.ArgumentParser):

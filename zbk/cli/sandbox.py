@@ -48,13 +48,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zbk import limits
+from zbk.backoff import Backoff
 from zbk.cli.children import spawn_tied
 from zbk.cli.sandboxlayout import (
     AUTORECOVERY_PORT_OFFSET,
-    DEFAULT_BASE_PORT,
     DEFAULT_DATA_DIR,
     HTTP_PORT_OFFSET,
     BookieSpec,
@@ -69,22 +70,13 @@ from zbk.cli.sandboxlayout import (
     save_layout,
 )
 from zbk.cli.sandboxoutput import AR_DOWN, AR_RUNNING, AR_WAITING, Output, Status
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from zbk.metadata.store import MetadataStore
 
 
 __all__ = ["Sandbox", "add_parser", "describe_autorecovery_exit", "describe_exit", "pick_free_base_port", "run"]
-
-TICK_S = 0.2  # how quickly a dead child or a signal is noticed
-STATUS_INTERVAL_S = 2.0  # metadata is read this often
-READY_POLL_S = 0.5  # ... and this often until the cluster is ready
-STOP_TIMEOUT_S = 30.0  # a bookie's clean stop joins its actors (10 s each at worst); per stop phase
-RESTART_MAX = 5
-RESTART_BACKOFF_BASE_S = 1.0
-RESTART_BACKOFF_MAX_S = 30.0
-STABLE_AFTER_S = 60.0
-
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sandbox", help="a whole local cluster: N bookies and auto-recovery on embedded metadata",
@@ -94,7 +86,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--metadata", help="metadata URI (default sqlite:///<data dir>/meta.db)")
     p.add_argument("--base-port", type=int,
                    help=f"bookie i listens on BASE+i, its HTTP on BASE+{HTTP_PORT_OFFSET}+i, auto-recovery's "
-                        f"HTTP on BASE+{AUTORECOVERY_PORT_OFFSET} (default {DEFAULT_BASE_PORT}; 0 picks free ports)")
+                        f"HTTP on BASE+{AUTORECOVERY_PORT_OFFSET} (default {limits.sandbox_base_port_default}; 0 picks free ports)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="bookie config override passed to every bookie, this run only (repeatable)")
     p.add_argument("--json", action="store_true",
@@ -139,7 +131,10 @@ class Supervised:
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
-    restarts: int = 0  # restarts in a row; reset once the child stays up STABLE_AFTER_S
+    # Restarts in a row (its failures); reset once the child stays up limits.sandbox_stable_after_s.
+    restarts: Backoff = field(default_factory=lambda: Backoff(
+        limits.sandbox_restart_backoff_s_min, limits.sandbox_restart_backoff_s_max,
+        attempts_max=limits.sandbox_restarts_max))
     restart_at: float | None = None
     failed: str | None = None  # why we gave up on it
 
@@ -160,24 +155,23 @@ class Supervised:
         if self.proc is not None:
             code = self.proc.poll()
             if code is None:
-                if self.restarts and now - self.started_at > STABLE_AFTER_S:
-                    self.restarts = 0
+                if self.restarts.failures and now - self.started_at > limits.sandbox_stable_after_s:
+                    self.restarts.reset()
                 return
             pid, self.proc = self.proc.pid, None
-            why = spec.permanent_failure(code) or (f"{RESTART_MAX} restarts in a row"
-                                                   if self.restarts >= RESTART_MAX else None)
+            why = spec.permanent_failure(code) or (f"{limits.sandbox_restarts_max} restarts in a row"
+                                                   if self.restarts.exhausted else None)
             if why is not None:
                 self.failed = spec.describe_exit(code)
                 out.event("failed", f"{spec.name} (pid {pid}) {self.failed}; not restarting: {why}; "
                           f"see {spec.log}", **spec.event_fields(), pid=pid, code=code)
                 return
-            delay = min(RESTART_BACKOFF_BASE_S * 2 ** self.restarts, RESTART_BACKOFF_MAX_S)
+            delay = self.restarts.fail()
             self.restart_at = now + delay
             out.event("exited", f"{spec.name} (pid {pid}) {spec.describe_exit(code)}; restarting in {delay:.0f} s "
-                      f"({self.restarts + 1}/{RESTART_MAX}); see {spec.log}",
+                      f"({self.restarts.failures}/{limits.sandbox_restarts_max}); see {spec.log}",
                       **spec.event_fields(), pid=pid, code=code, restart_in_s=delay)
         elif self.restart_at is not None and now >= self.restart_at:
-            self.restarts += 1
             self.start(now)
             out.event("restarted", f"{spec.name} restarted (pid {self.pid})", **spec.event_fields(), pid=self.pid)
 
@@ -255,8 +249,8 @@ class Sandbox:
                 self.out.status(self.status(now), now)
                 # Until ready, look more often: starting auto-recovery and saying "ready"
                 # should not wait for the slow status cadence.
-                next_status = now + (STATUS_INTERVAL_S if self.ready else READY_POLL_S)
-            time.sleep(TICK_S)
+                next_status = now + (limits.sandbox_status_interval_s if self.ready else limits.sandbox_ready_poll_s)
+            time.sleep(limits.sandbox_tick_s)
 
     def read_cluster(self) -> ClusterView:
         from zbk.metadata.coordination import current_leader
@@ -315,8 +309,8 @@ class Sandbox:
         clean = self._stop_group([self.autorecovery], "autorecovery", signals_seen)
         clean &= self._stop_group(self.bookies, f"{len(self.bookies)} bookies", signals_seen)
         self.out.event("exit", f"sandbox stopped: {'every process stopped cleanly' if clean else 'NOT all clean'}",
-                       code=0 if clean else 1)
-        return 0 if clean else 1
+                       code=EXIT_OK if clean else EXIT_FAILED)
+        return EXIT_OK if clean else EXIT_FAILED
 
     def _stop_group(self, group: list[Supervised], what: str, signals_seen: int) -> bool:
         """SIGTERM every running child of ``group`` by PID, wait, SIGKILL stragglers; True
@@ -328,7 +322,7 @@ class Sandbox:
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + limits.sandbox_stop_timeout_s
         while (any(p.poll() is None for p in running) and time.monotonic() < deadline
                and self.signals.count == signals_seen):  # another Ctrl-C: stop waiting
             time.sleep(0.05)

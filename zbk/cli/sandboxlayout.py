@@ -14,10 +14,20 @@ import signal
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol
 
+from zbk import limits
 from zbk.cli.ports import AUTO_PORT_HIGH, AUTO_PORT_LOW, port_free
-from zbk.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, ConfigError, ZbkError
+from zbk.errors import (
+    EXIT_ACTOR_BASE,
+    EXIT_BOOT,
+    EXIT_COOKIE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    ConfigError,
+    ZbkError,
+)
 
-DEFAULT_BASE_PORT = 3181
 DEFAULT_DATA_DIR = "zbk-sandbox"
 HTTP_PORT_OFFSET = 1000
 AUTORECOVERY_PORT_OFFSET = 2000  # above every bookie HTTP port (at most 100 bookies)
@@ -57,8 +67,6 @@ class BookieSpec:
         return describe_exit(code)
 
     def permanent_failure(self, code: int) -> str | None:
-        from zbk.bookie.process import EXIT_COOKIE
-
         return "its data dir does not belong to this cluster's metadata" if code == EXIT_COOKIE else None
 
     def event_fields(self) -> dict[str, Any]:
@@ -153,7 +161,7 @@ def resolve_layout(args: argparse.Namespace) -> Layout:
     metadata = args.metadata or saved.get("metadata") or f"sqlite:///{data_dir}/meta.db"
     base = int(saved["base_port"]) if "base_port" in saved else args.base_port
     if base is None:
-        base = DEFAULT_BASE_PORT
+        base = limits.sandbox_base_port_default
     elif base == 0:
         base = pick_free_base_port(n)
     if not 1024 <= base <= 65535 - AUTORECOVERY_PORT_OFFSET:
@@ -227,9 +235,9 @@ def lock_data_dir(data_dir: str) -> IO[str]:
 
 
 def describe_exit(code: int) -> str:
-    from zbk.bookie.process import ACTOR_EXIT_BASE, ACTORS, EXIT_BOOT, EXIT_COOKIE
+    from zbk.bookie.process import ACTORS
 
-    if code == 0:
+    if code == EXIT_OK:
         return "exit 0 (clean stop)"
     if code < 0:
         try:
@@ -240,8 +248,8 @@ def describe_exit(code: int) -> str:
         return f"exit {code} (cookie mismatch)"
     if code == EXIT_BOOT:
         return f"exit {code} (boot failed)"
-    if ACTOR_EXIT_BASE <= code < ACTOR_EXIT_BASE + len(ACTORS):
-        return f"exit {code} (actor {ACTORS[code - ACTOR_EXIT_BASE]} crashed)"
+    if EXIT_ACTOR_BASE <= code < EXIT_ACTOR_BASE + len(ACTORS):
+        return f"exit {code} (actor {ACTORS[code - EXIT_ACTOR_BASE]} crashed)"
     return f"exit {code}"
 
 

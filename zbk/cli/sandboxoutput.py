@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from zbk import limits
 from zbk.cli.sandboxlayout import Layout
-
-PLAIN_STATUS_INTERVAL_S = 10.0  # a non-terminal gets an unchanged status line this often
-
 
 # -- output -----------------------------------------------------------------------------------
 AR_RUNNING, AR_WAITING, AR_DOWN = "running", "waiting", "down"
@@ -114,7 +112,7 @@ class Output:
             self._write("\r\x1b[K" + st.text()[:width])
             self._line_shown = True
             return
-        if st.key() == self._last_key and now - self._last_plain < PLAIN_STATUS_INTERVAL_S:
+        if st.key() == self._last_key and now - self._last_plain < limits.sandbox_plain_status_interval_s:
             return
         self._last_key, self._last_plain = st.key(), now
         if self.as_json:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Set
 from typing import Any
 
+from zbk import limits
 from zbk.client import placement
 from zbk.client.digest import Digest, make_digest, master_key
 from zbk.client.handles import AddDispatcher, LedgerHandle, ReadHandle
@@ -33,7 +34,6 @@ from zbk.wire.curve import CurveClient
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
-_MASTER_KEYS_CACHED_MAX = 1024  # passwords whose master key a client keeps at hand
 
 
 class _Placement:
@@ -83,7 +83,7 @@ class ClientContext:
     def master_key_for(self, password: bytes) -> bytes:
         key = self._master_keys.get(password)
         if key is None:
-            if len(self._master_keys) >= _MASTER_KEYS_CACHED_MAX:
+            if len(self._master_keys) >= limits.client_master_keys_cached_max:
                 self._master_keys.clear()
             key = self._master_keys[password] = master_key(password)
         return key

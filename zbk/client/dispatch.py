@@ -24,8 +24,6 @@ from zbk.wire.status import Status
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.client.handles")
 T = TypeVar("T")
-_ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keeps
-
 
 
 class AddDispatcher:
@@ -67,7 +65,7 @@ class AddDispatcher:
         key = (tuple(ensemble), write_quorum)
         rot = self._rotations.get(key)
         if rot is None:
-            if len(self._rotations) >= _ROTATIONS_CACHED_MAX:
+            if len(self._rotations) >= limits.client_rotations_cached_max:
                 self._rotations.clear()
             e = len(ensemble)
             rot = self._rotations[key] = tuple(

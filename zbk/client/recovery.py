@@ -22,6 +22,8 @@ import asyncio
 import hmac
 import logging
 
+from zbk import limits
+from zbk.backoff import Backoff
 from zbk.client import metrics as cm
 from zbk.client.context import HandleContext
 from zbk.client.writing import LedgerHandle
@@ -41,7 +43,6 @@ from zbk.wire.ops import ReadFlag
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
-RECOVERY_READ_ATTEMPTS = 3
 
 
 def check_password(md: LedgerMetadata, password: bytes) -> None:
@@ -178,17 +179,18 @@ async def recover(ctx: HandleContext, ledger_id: int, password: bytes) -> tuple[
     last = max_lac
     eid = max_lac + 1
     while True:
-        outcome = None
-        for attempt in range(RECOVERY_READ_ATTEMPTS):
+        backoff = Backoff(limits.client_recovery_read_backoff_s_min, limits.client_recovery_read_backoff_s_max,
+                          attempts_max=limits.client_recovery_read_attempts_max)
+        while True:
             try:
                 outcome = await recovery_read(ctx, handle, eid, md)
                 break
             except (UnknownLedgerStateError, BookieUnavailableError) as e:
-                if attempt + 1 == RECOVERY_READ_ATTEMPTS:
+                delay = backoff.fail()
+                if backoff.exhausted:
                     raise
                 log.warning("ledger %d: recovery read of entry %d unknown (%s); retrying", ledger_id, eid, e)
-                await asyncio.sleep(0.2 * (attempt + 1))
-        assert outcome is not None
+                await asyncio.sleep(delay)
         kind, blob, entry_length = outcome
         if kind == "negative":
             break

@@ -16,13 +16,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from zbk import limits
 from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.client.handles import LedgerEntry, LedgerHandle, ReadHandle
 from zbk.config import ClientConfig
 from zbk.metadata.ledger import LedgerMetadata
 
 T = TypeVar("T")
-READ_CHUNK = 1000
 
 
 class _LoopThread:
@@ -76,7 +76,7 @@ class SyncReadHandle:
         """Entries first..last inclusive, fetched in chunks."""
         nxt = first
         while nxt <= last:
-            end = min(last, nxt + READ_CHUNK - 1)
+            end = min(last, nxt + limits.client_sync_read_entries_max - 1)
             chunk = self._lt.run(_collect(self._h.read(nxt, end)))
             yield from chunk
             nxt = end + 1

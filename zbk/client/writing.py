@@ -424,10 +424,6 @@ class LedgerHandle(ReadHandle):
 _NO_BOOKIES: frozenset[str] = frozenset()
 
 
-
-
-_ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keeps
-
 class _Batch:
     """Adds for one bookie: parts of one or more handles, kept flat (a list of handles, the
     end of each part in ``ents``, every part's entries one after the other) so that a part

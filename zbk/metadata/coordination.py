@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 
 from zbk import limits
+from zbk.backoff import Backoff
+from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import (
     CorruptMetadataError,
     KeyExistsError,
@@ -38,18 +40,18 @@ from zbk.metadata.store import MetadataStore, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
 
-cas_attempts_max = 10 * limits.metadata_retry_attempts_max  # conflicts, under heavy contention
-cas_backoff_s_max = 0.05
-election_poll_interval_s = 1.0  # re-check the leader key even if a watch event was missed
-
 
 def cas_retry(store: MetadataStore, key: str, update: Callable[[bytes | None], bytes], *,
-              attempts: int = cas_attempts_max) -> tuple[bytes, int]:
+              attempts: int = limits.metadata_cas_attempts_max, clock: Clock = SYSTEM_CLOCK,
+              rng: random.Random | None = None) -> tuple[bytes, int]:
     """Set ``key`` to ``update(current value or None)`` atomically; returns (value, version).
 
     ``update`` may run several times (once per conflict) and must be a pure function of
     its input. Raises MetadataVersionError after ``attempts`` lost races."""
-    for attempt in range(attempts):
+    # Full jitter spreads the losers out so that one of them wins the next round.
+    backoff = Backoff(limits.metadata_cas_backoff_s_min, limits.metadata_cas_backoff_s_max, jitter=1.0,
+                      attempts_max=attempts, clock=clock, rng=rng)
+    while True:
         kv = store.get(key)
         new = update(None if kv is None else kv.value)
         try:
@@ -57,9 +59,10 @@ def cas_retry(store: MetadataStore, key: str, update: Callable[[bytes | None], b
                 return new, store.create(key, new)
             return new, store.cas(key, new, kv.version)
         except MetadataVersionError:  # KeyExistsError included
-            # Jitter spreads the losers out so that one of them wins the next round.
-            time.sleep(random.uniform(0, min(cas_backoff_s_max, 0.001 * 2 ** attempt)))
-    raise MetadataVersionError(f"key {key!r}: gave up after {attempts} conflicting updates")
+            delay = backoff.fail()
+            if backoff.exhausted:
+                raise MetadataVersionError(f"key {key!r}: gave up after {attempts} conflicting updates") from None
+            clock.sleep(delay)
 
 
 def allocate_ledger_id(store: MetadataStore) -> int:
@@ -75,12 +78,9 @@ def _next_ledger_id(current: bytes | None) -> bytes:
         last = int(current.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         raise CorruptMetadataError(f"{layout.IDGEN_LEDGER}: not a decimal number: {current[:40]!r}") from None
-    if not 0 <= last < layout.LEDGER_ID_MAX:
+    if not 0 <= last < limits.ledger_id_max:
         raise CorruptMetadataError(f"{layout.IDGEN_LEDGER}: value {last} out of range")
     return str(last + 1).encode("ascii")
-
-
-refresh_timeout_s_min = 1.0  # a keep-alive may always take this long, however late
 
 
 class LeaseKeeper:
@@ -88,7 +88,7 @@ class LeaseKeeper:
 
     ``start()`` grants the lease (errors reach the caller) and returns its id. The thread
     refreshes it every ttl/3; each refresh may take until the lease would expire (at least
-    ``refresh_timeout_s_min``), failing over between etcd members meanwhile, so that one
+    ``limits.lease_refresh_timeout_s_min``), failing over between etcd members meanwhile, so that one
     slow member cannot use up the TTL. When the store answers that the lease is gone, it
     counts as lost: ``lost`` turns True, ``on_lost`` is called once (from the keeper
     thread) and the thread ends. A store that does not answer is not an answer, as a
@@ -129,7 +129,7 @@ class LeaseKeeper:
         interval = self.ttl_s / 3
         last_ok = time.monotonic()
         while not self._stop.wait(interval):
-            budget = max(refresh_timeout_s_min, last_ok + self.ttl_s - time.monotonic())
+            budget = max(limits.lease_refresh_timeout_s_min, last_ok + self.ttl_s - time.monotonic())
             try:
                 self._store.keepalive(self._lease, timeout_s=budget)
             except LeaseExpiredError:
@@ -233,7 +233,7 @@ class LeaderElection:
 
     The leader is the candidate whose create-with-lease of the key succeeded; its id is
     the value. Others wait on a watch of the key (and re-check every
-    ``election_poll_interval_s`` in case a watch event is late) and try again when it is
+    ``limits.election_poll_interval_s`` in case a watch event is late) and try again when it is
     deleted — by ``resign()`` or by the leader's lease expiring. A leader that sees its
     key deleted or overwritten stops being leader and ``on_lost`` is called (from a store
     thread)."""
@@ -262,7 +262,8 @@ class LeaderElection:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            self._changed.wait(election_poll_interval_s if left is None else min(left, election_poll_interval_s))
+            poll_s = limits.election_poll_interval_s
+            self._changed.wait(poll_s if left is None else min(left, poll_s))
 
     def _ensure_watch(self) -> None:
         if self._watch is None:

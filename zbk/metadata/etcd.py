@@ -33,7 +33,7 @@ Semantics:
   When the stream fails it re-watches from ``last_revision + 1`` on the next endpoint,
   skipping any event at or below the last revision delivered, so every event is delivered
   exactly once across reconnects. A store-wide liveness check probes the watch channel
-  every ``watch_check_interval_s`` and tears it down if the probe fails. If history has
+  every ``limits.etcd_watch_check_interval_s`` and tears it down if the probe fails. If history has
   been compacted past the resume point the watch stops and reports WatchCompactedError.
 """
 
@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zbk import limits
+from zbk.backoff import Backoff
 from zbk.errors import (
     ConfigError,
     KeyExistsError,
@@ -69,15 +70,9 @@ from zbk.metadata.etcdconn import (
     _token_rejected,
     _TokenAuth,
     _translate,
-    deadline_s_default,
     etcdrpc,
     grpc,
     kv_pb2,
-    retry_pause_s_max,
-    retry_pause_s_min,
-    rpc_timeout_s_default,
-    watch_check_interval_s,
-    watch_check_timeout_s,
 )
 from zbk.metadata.etcdwatch import EtcdWatch
 from zbk.metadata.sqlite import ErrorCallback, prefix_end
@@ -95,7 +90,8 @@ class EtcdStore:
     """A :class:`~zbk.metadata.store.MetadataStore` on an etcd v3 cluster."""
 
     def __init__(self, endpoints: list[str], *, scope: str = "zbk", uri: str | None = None,
-                 deadline_s: float = deadline_s_default, rpc_timeout_s: float = rpc_timeout_s_default,
+                 deadline_s: float = limits.etcd_deadline_s_default,
+                 rpc_timeout_s: float = limits.etcd_rpc_timeout_s_default,
                  user: str = "", password: str = "", ca_cert: str = "", cert_key: str = "",
                  cert_cert: str = "") -> None:
         assert endpoints and deadline_s > 0 and rpc_timeout_s > 0
@@ -137,11 +133,13 @@ class EtcdStore:
         conn = conn or self._kv_conn
         deadline_s = self._deadline_s if deadline_s is None else deadline_s
         deadline = time.monotonic() + deadline_s
-        pause = retry_pause_s_min
+        # Jittered down to half, so that the clients of a cluster that came back do not all
+        # retry in the same instant.
+        backoff = Backoff(limits.etcd_retry_pause_s_min, limits.etcd_retry_pause_s_max, jitter=0.5)
         renewed = False
         while True:
             stubs = conn.current()
-            timeout = min(self._rpc_timeout_s, max(retry_pause_s_min, deadline - time.monotonic()))
+            timeout = min(self._rpc_timeout_s, max(limits.etcd_retry_pause_s_min, deadline - time.monotonic()))
             token = self._auth.current if self._auth is not None else None
             try:
                 return fn(stubs, timeout)
@@ -161,11 +159,10 @@ class EtcdStore:
                     raise
                 reason = str(e)
             conn.fail(stubs.generation)
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + backoff.next_delay_s() > deadline:
                 raise MetadataUnavailableError(
                     f"etcd {','.join(self.endpoints)}: {what} failed for {deadline_s:.1f} s ({reason})")
-            time.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(pause * 2, retry_pause_s_max)
+            backoff.sleep()
 
     def _k(self, key: str) -> bytes:
         return self._prefix + key.encode()
@@ -249,7 +246,7 @@ class EtcdStore:
     def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
         # With a budget, one attempt gets at most half of it: a member that hangs (a
         # follower that cannot reach the leader) leaves time to ask another.
-        attempt_s = self._rpc_timeout_s if timeout_s is None else max(0.5, timeout_s / 2)
+        attempt_s = self._rpc_timeout_s if timeout_s is None else max(limits.etcd_keepalive_attempt_s_min, timeout_s / 2)
         ttl = self._call(f"keepalive {lease}", lambda s, t: _keepalive_once(s, lease, min(t, attempt_s)),
                          deadline_s=timeout_s)
         if ttl <= 0:
@@ -312,14 +309,14 @@ class EtcdStore:
     def _watchdog_loop(self) -> None:
         """Probe the channel the watch streams use; a failed probe fails the channel over,
         which breaks every stream on it, and each stream then re-watches elsewhere."""
-        while not self._stop.wait(watch_check_interval_s):
+        while not self._stop.wait(limits.etcd_watch_check_interval_s):
             try:
                 stubs = self._watch_conn.current()
             except MetadataError:
                 return
             request = etcdrpc.RangeRequest(key=self._prefix, count_only=True)
             try:
-                stubs.kv.Range(request, timeout=watch_check_timeout_s)
+                stubs.kv.Range(request, timeout=limits.etcd_watch_check_timeout_s)
             except grpc.RpcError as e:
                 if _code(e) in _RETRYABLE and not self._stop.is_set():
                     log.warning("etcd: watch channel to %s failed its liveness probe (%s)",

@@ -40,6 +40,7 @@ with warnings.catch_warnings():
             "in the environment (or import zbk.metadata.etcd before anything that uses protobuf)"
         ) from _e
 
+from zbk import limits  # noqa: E402
 from zbk.errors import (  # noqa: E402
     ConfigError,
     LeaseExpiredError,
@@ -52,14 +53,6 @@ __all__ = ["etcdrpc", "grpc", "kv_pb2"]
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.metadata.etcd")
 
-deadline_s_default = 10.0  # a call keeps retrying across endpoints for this long
-rpc_timeout_s_default = 5.0  # one RPC attempt
-retry_pause_s_min = 0.05
-retry_pause_s_max = 1.0
-watch_check_interval_s = 3.0  # liveness probe of the watch channel
-watch_check_timeout_s = 2.0
-grpc_message_bytes_max = 64 * 1024 * 1024  # a full list page of large ledger metadata
-
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,  # unreachable, or "no leader" / "leader changed"
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -70,15 +63,15 @@ _RETRYABLE = {
 _CHANNEL_OPTIONS = [
     # Find a dead peer behind a silent connection (etcd permits pings every >= 5 s while a
     # stream is open; pings without a stream get the connection closed, so not those).
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_time_ms", limits.etcd_grpc_keepalive_ms),
+    ("grpc.keepalive_timeout_ms", limits.etcd_grpc_keepalive_timeout_ms),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", grpc_message_bytes_max),
-    ("grpc.max_send_message_length", grpc_message_bytes_max),
+    ("grpc.initial_reconnect_backoff_ms", limits.etcd_grpc_reconnect_backoff_ms_min),
+    ("grpc.min_reconnect_backoff_ms", limits.etcd_grpc_reconnect_backoff_ms_min),
+    ("grpc.max_reconnect_backoff_ms", limits.etcd_grpc_reconnect_backoff_ms_max),
+    ("grpc.max_receive_message_length", limits.etcd_grpc_message_bytes_max),
+    ("grpc.max_send_message_length", limits.etcd_grpc_message_bytes_max),
 ]
 _REQUIRE_LEADER = (("hasleader", "true"),)
 
@@ -182,7 +175,7 @@ class _Connection:
     one failover, not one each."""
 
     def __init__(self, endpoints: list[str], first: int, *, credentials: grpc.ChannelCredentials | None = None,
-                 auth: _TokenAuth | None = None, auth_timeout_s: float = rpc_timeout_s_default) -> None:
+                 auth: _TokenAuth | None = None, auth_timeout_s: float = limits.etcd_rpc_timeout_s_default) -> None:
         assert endpoints
         self._endpoints = endpoints
         self._index = first % len(endpoints)

@@ -5,6 +5,8 @@ Ledger ids are written as 20-digit zero-padded decimals so that key order is id 
 
 from __future__ import annotations
 
+from zbk import limits
+
 LAYOUT = "layout"
 INSTANCE_ID = "instanceid"
 COOKIES = "cookies/"
@@ -22,11 +24,9 @@ AUDITOR_TRIGGER = "auditor/trigger"  # written by `zbk shell triggeraudit`: run 
 AUDITOR_LAST_CHECK = "auditor/last_check"  # when the last periodic check finished (ms since the epoch)
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
 
-LEDGER_ID_MAX = (1 << 63) - 1
-
 
 def ledger_key(ledger_id: int) -> str:
-    assert 0 <= ledger_id <= LEDGER_ID_MAX, ledger_id
+    assert 0 <= ledger_id <= limits.ledger_id_max, ledger_id
     return f"{LEDGERS}{ledger_id:020d}"
 
 

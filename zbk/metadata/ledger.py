@@ -31,6 +31,7 @@ from typing import Any
 
 import cbor2
 
+from zbk import limits
 from zbk.errors import BadRequestError, CorruptMetadataError, InvalidStateTransitionError
 
 FORMAT_VERSION = 1
@@ -40,10 +41,6 @@ _ALLOWED = {
     ("OPEN", "OPEN"), ("OPEN", "IN_RECOVERY"), ("OPEN", "CLOSED"),
     ("IN_RECOVERY", "IN_RECOVERY"), ("IN_RECOVERY", "CLOSED"),
 }
-ENSEMBLE_SIZE_MAX = 64
-PASSWORD_BYTES_MAX = 1024
-CUSTOM_METADATA_BYTES_MAX = 64 * 1024
-LEDGER_ID_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +71,14 @@ class LedgerMetadata:
     # -- derived views --------------------------------------------------------------------
     def validate(self) -> LedgerMetadata:
         """Raise BadRequestError unless every field is in range and the shape is consistent."""
-        if not 0 <= self.ledger_id <= LEDGER_ID_MAX:
+        if not 0 <= self.ledger_id <= limits.ledger_id_max:
             raise BadRequestError(f"ledger id out of range: {self.ledger_id}")
         e, wq, aq = self.ensemble_size, self.write_quorum, self.ack_quorum
-        if not (ENSEMBLE_SIZE_MAX >= e >= wq >= aq >= 1):
-            raise BadRequestError(f"need {ENSEMBLE_SIZE_MAX} >= E >= WQ >= AQ >= 1, got E={e} WQ={wq} AQ={aq}")
+        if not (limits.ledger_ensemble_size_max >= e >= wq >= aq >= 1):
+            raise BadRequestError(f"need {limits.ledger_ensemble_size_max} >= E >= WQ >= AQ >= 1, got E={e} WQ={wq} AQ={aq}")
         if self.digest not in DIGEST_TYPES:
             raise BadRequestError(f"digest must be one of {', '.join(DIGEST_TYPES)}, got {self.digest!r}")
-        if len(self.password) > PASSWORD_BYTES_MAX:
+        if len(self.password) > limits.ledger_password_bytes_max:
             raise BadRequestError("password too long")
         if self.state not in STATES:
             raise BadRequestError(f"unknown ledger state {self.state!r}")
@@ -101,7 +98,7 @@ class LedgerMetadata:
                 raise BadRequestError(f"fragment at {first} names a bookie twice")
             prev = first
         size = sum(len(k.encode()) + len(v) for k, v in self.custom_metadata.items())
-        if size > CUSTOM_METADATA_BYTES_MAX:
+        if size > limits.ledger_custom_metadata_bytes_max:
             raise BadRequestError("custom metadata too large")
         return self
 
@@ -120,7 +117,7 @@ class LedgerMetadata:
         closed, else a very large number)."""
         if index + 1 < len(self.fragments):
             return self.fragments[index + 1][0] - 1
-        return self.last_entry_id if self.is_closed else LEDGER_ID_MAX
+        return self.last_entry_id if self.is_closed else limits.ledger_id_max
 
     def write_set(self, entry_id: int) -> list[str]:
         """Bookies that store ``entry_id``: ensemble[(e + k) % E] for k in 0..WQ-1."""

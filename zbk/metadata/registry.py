@@ -58,7 +58,6 @@ log = logging.getLogger(__name__)
 REGISTRATION_FORMAT = 1
 COOKIE_FORMAT = 1
 BookieState = Literal["writable", "readonly"]
-ledger_create_attempts_max = limits.metadata_retry_attempts_max
 
 
 def _decode_map(data: bytes, what: str, fmt: int) -> dict[str, Any]:
@@ -290,7 +289,7 @@ class LedgerStore:
         retried after a lost reply recognize its own ledger."""
         md = dataclasses.replace(md, ctime_ms=md.ctime_ms or int(time.time() * 1000),
                                  creator_token=md.creator_token or os.urandom(16))
-        for _ in range(ledger_create_attempts_max):
+        for _ in range(limits.metadata_retry_attempts_max):
             if allocate_id:
                 md = dataclasses.replace(md, ledger_id=allocate_ledger_id(self.store))
             data = md.encode()  # validates
@@ -303,7 +302,7 @@ class LedgerStore:
                 if not allocate_id:
                     raise KeyExistsError(f"ledger {md.ledger_id} already exists") from None
                 log.warning("ledger id %d was taken outside the allocator; allocating another", md.ledger_id)
-        raise MetadataVersionError(f"could not create a ledger in {ledger_create_attempts_max} attempts")
+        raise MetadataVersionError(f"could not create a ledger in {limits.metadata_retry_attempts_max} attempts")
 
     def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         """(metadata, version); NoSuchLedgerError if absent, CorruptMetadataError if unreadable."""
@@ -390,7 +389,7 @@ def _ledger_events(callback: LedgerCallback, exact: str | None = None) -> Callab
 
 
 def _checked(ledger_id: int) -> int:
-    if not isinstance(ledger_id, int) or not 0 <= ledger_id <= layout.LEDGER_ID_MAX:
+    if not isinstance(ledger_id, int) or not 0 <= ledger_id <= limits.ledger_id_max:
         raise BadRequestError(f"ledger id out of range: {ledger_id!r}")
     return ledger_id
 

@@ -34,7 +34,7 @@ out keys whose lease has expired, so an expired lease's keys vanish at the insta
 expiry even if no sweep has run yet. The sweep that deletes them and logs their delete
 events runs at the start of every write transaction, on reads that notice an expired
 lease, and in the watch poller; each swept lease is one revision, as a revoke is in etcd.
-A stall of the store is not its lease holders' fault: a write that waited ``stall_s_min``
+A stall of the store is not its lease holders' fault: a write that waited ``limits.sqlite_stall_s_min``
 or more for the file's write lock (a writer stuck in a slow fsync on a busy disk blocks
 every keep-alive) first gives every lease a full TTL from now, as etcd's new leader
 extends every lease; a holder that is really gone expires one TTL later. Reads in the
@@ -76,11 +76,6 @@ from zbk.metadata.store import KeyValue, WatchCallback, WatchEvent
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-busy_timeout_s_default = 30.0  # a writer waits this long for the file's write lock
-stall_s_min = 0.5  # a writer that waited this long for the lock saw the store stalled
-poll_interval_s_default = 0.025  # watch latency vs. idle cost of the poller
-poll_batch_revisions = 1000  # changelog revisions read per poll query
-trim_every_revisions = 64  # amortize changelog trimming over this many writes
 
 ErrorCallback = Callable[[Exception], None]
 
@@ -114,8 +109,8 @@ class SqliteStore:
     def __init__(self, path: str, *, scope: str = "zbk", uri: str | None = None,
                  clock: Clock = SYSTEM_CLOCK,
                  changelog_kept: int = limits.watch_changelog_revisions_kept,
-                 poll_interval_s: float = poll_interval_s_default,
-                 busy_timeout_s: float = busy_timeout_s_default) -> None:
+                 poll_interval_s: float = limits.sqlite_poll_interval_s_default,
+                 busy_timeout_s: float = limits.sqlite_busy_timeout_s_default) -> None:
         assert changelog_kept >= 1 and poll_interval_s > 0
         self.path = path
         self.scope = scope
@@ -161,7 +156,7 @@ class SqliteStore:
             except sqlite3.OperationalError as e:  # locked beyond the busy timeout, read-only, ...
                 conn.close()
                 if "locked" in str(e) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                    time.sleep(limits.sqlite_open_retry_pause_s)
                     continue
                 raise MetadataUnavailableError(f"sqlite metadata {path}: cannot open ({e})") from None
             except sqlite3.DatabaseError as e:  # "file is not a database" and the like
@@ -196,7 +191,7 @@ class SqliteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 now = self._clock.time()
-                if time.monotonic() - asked >= stall_s_min:
+                if time.monotonic() - asked >= limits.sqlite_stall_s_min:
                     # The store was stalled (another writer held the lock that long, e.g. in
                     # a slow fsync on a busy disk): every keep-alive was blocked like this
                     # write. As etcd's new leader does, give each lease a full TTL from now
@@ -220,7 +215,7 @@ class SqliteStore:
     def _bump(self, conn: sqlite3.Connection) -> int:
         conn.execute("UPDATE meta SET value = value + 1 WHERE name = 'revision'")
         (rev,) = conn.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()
-        if rev % trim_every_revisions == 0:
+        if rev % limits.sqlite_trim_every_revisions == 0:
             self._trim(conn, rev - self._kept)
         return int(rev)
 
@@ -441,7 +436,7 @@ class SqliteStore:
         with self._read() as conn:
             (rev,) = conn.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()
             (compacted,) = conn.execute("SELECT value FROM meta WHERE name = 'compacted'").fetchone()
-            hi = min(rev, lo + poll_batch_revisions - 1)
+            hi = min(rev, lo + limits.sqlite_poll_batch_revisions - 1)
             rows = conn.execute("SELECT revision, key, kind, value FROM changelog"
                                 " WHERE revision >= ? AND revision <= ? ORDER BY revision, key",
                                 (lo, hi)).fetchall()

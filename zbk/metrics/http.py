@@ -12,16 +12,21 @@ Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded
   browsers send one) is refused, so a web page cannot drive the API by cross-site request.
 
 Every request must arrive within ``request_timeout_s`` (a slow client cannot hold a
-thread), bodies are JSON of at most ``body_bytes_max``, and a handler that fails answers
-500 with the error rather than dropping the connection.
+thread), bodies are JSON of at most ``limits.http_body_bytes_max``, and a handler that fails answers
+with the error rather than dropping the connection: a typed error (zbk/errors.py) with its
+``http_status`` and ``code``, anything else with 500. At most ``threads_max`` connections
+are served at once, each on a thread of its own; one more is answered 503 at once by the
+accepting thread, so a flood of connections costs neither unbounded threads nor a queue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,13 +34,11 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from zbk import limits
 from zbk.errors import ZbkError
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any] | None], Any]
-
-body_bytes_max = 1 << 20
-request_timeout_s_default = 10.0
 
 
 def is_loopback_host(host: str) -> bool:
@@ -54,9 +57,62 @@ class HttpError(Exception):
         self.status = status
 
 
+_BUSY_BODY = json.dumps({"error": "busy: too many HTTP requests at once; retry"}).encode()
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``threads_max`` of them at once. Beyond that the
+    accepting thread answers 503 itself and closes the connection: no thread, no queue."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], threads_max: int) -> None:
+        assert threads_max >= 1, threads_max
+        self.threads_max = threads_max
+        self._slots = threading.BoundedSemaphore(threads_max)
+        self.refused = 0  # connections answered 503 (for tests and logs)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=limits.http_slot_wait_s):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        self.refused += 1
+        if self.refused % 100 == 1:
+            log.warning("admin HTTP: %d connection(s) refused with 503: more than %d at once",
+                        self.refused, self.threads_max)
+        try:
+            # Read the request first (it is usually there already): a socket closed with unread
+            # data resets the connection, and the client could lose the 503 with it.
+            request.settimeout(limits.http_refusal_s_max)
+            with contextlib.suppress(TimeoutError):
+                request.recv(64 * 1024)
+            request.sendall(_BUSY)
+        except OSError:
+            pass  # gone, or not reading its answer: nothing more is owed to it
+        finally:
+            self.shutdown_request(request)
+
+
 class AdminHttpServer:
     def __init__(self, host: str, port: int, *, token: str = "", exposed: bool | None = None,
-                 request_timeout_s: float = request_timeout_s_default) -> None:
+                 request_timeout_s: float = limits.http_request_timeout_s_default,
+                 threads_max: int = limits.http_threads_max) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.token = token
         # Reachable from other machines? (Tests force it to check the policy on loopback.)
@@ -107,7 +163,10 @@ class AdminHttpServer:
                     self._send(e.status, json.dumps({"error": str(e)}).encode())
                     return
                 except ZbkError as e:
-                    self._send(500, json.dumps({"error": str(e), "code": e.code}).encode())
+                    # A typed error is an answer, not a crash: its status, no traceback.
+                    if e.http_status >= 500:
+                        log.warning("admin HTTP %s %s: %s: %s", method, path, e.code, e)
+                    self._send(e.http_status, json.dumps({"error": str(e), "code": e.code}).encode())
                     return
                 except Exception as e:  # noqa: BLE001 - a handler bug answers 500, never drops the client
                     log.exception("admin HTTP %s %s failed", method, path)
@@ -123,8 +182,8 @@ class AdminHttpServer:
                     raise HttpError(400, f"bad Content-Length {raw[:20]!r}") from None
                 if length < 0:
                     raise HttpError(400, f"bad Content-Length {length}")
-                if length > body_bytes_max:
-                    raise HttpError(413, f"body of {length} bytes exceeds {body_bytes_max}")
+                if length > limits.http_body_bytes_max:
+                    raise HttpError(413, f"body of {length} bytes exceeds {limits.http_body_bytes_max}")
                 if not length:
                     return None
                 try:
@@ -144,8 +203,7 @@ class AdminHttpServer:
             def do_POST(self) -> None:  # noqa: N802
                 self._handle("POST")
 
-        self.httpd = ThreadingHTTPServer((host, port), _H)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), _H, threads_max)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="zbk-http", daemon=True)
 

@@ -30,6 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from zbk import limits
+from zbk.backoff import Backoff
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import ClientConfig
 from zbk.errors import CorruptMetadataError, MetadataError, NoSuchLedgerError, ZbkError
@@ -41,10 +43,6 @@ from zbk.recovery import metrics as rm
 from zbk.recovery.underreplication import UnderReplicationRegistry, get_recovery_delay
 
 log = logging.getLogger(__name__)
-
-leader_poll_interval_s = 1.0  # re-list bookies even without a watch event (a missed event must not stall audits)
-campaign_timeout_s = 1.0  # how often a waiting candidate checks whether it should stop
-error_backoff_s = 1.0
 
 
 class AuditorCore:
@@ -138,9 +136,9 @@ class Auditor:
         """Stop campaigning and resign leadership (another candidate takes over at once)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(30)
+        self._thread.join(limits.auditor_stop_timeout_s)
         if self._check_thread is not None:
-            self._check_thread.join(30)  # the check sees the stop event between ledgers
+            self._check_thread.join(limits.auditor_stop_timeout_s)  # the check sees the stop event between ledgers
         self.election.close()
         rm.AUDITOR_IS_LEADER.set(0)
 
@@ -161,18 +159,21 @@ class Auditor:
                 self._on_crash()
 
     def _campaign_loop(self) -> None:
+        backoff = Backoff(limits.auditor_error_backoff_s_min, limits.auditor_error_backoff_s_max, clock=self.clock)
         while not self._stop.is_set():
             try:
-                if not self.election.campaign(timeout_s=campaign_timeout_s):
+                if not self.election.campaign(timeout_s=limits.auditor_campaign_timeout_s):
                     continue
                 if self._stop.is_set():
                     break
+                backoff.reset()  # elected: the metadata store answers again
                 rm.AUDITOR_IS_LEADER.set(1)
                 self._lead()
             except ZbkError as e:
-                log.warning("auditor: %s; retrying in %.1f s", e, error_backoff_s)
+                delay = backoff.fail()
+                log.warning("auditor: %s; retrying in %.1f s", e, delay)
                 self.election.resign()
-                self._stop.wait(error_backoff_s)
+                self._stop.wait(delay)
             finally:
                 rm.AUDITOR_IS_LEADER.set(0)
 
@@ -199,8 +200,8 @@ class Auditor:
                         next_fragment_check = now + self.check_interval_s
                 self._pass(core)
                 nxt = core.next_due()
-                wait = leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
-                self._wake.wait(max(0.0, min(leader_poll_interval_s, wait)))
+                wait = limits.auditor_leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
+                self._wake.wait(max(0.0, min(limits.auditor_leader_poll_interval_s, wait)))
         finally:
             for w in watches:
                 w.cancel()

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest
 from zbk.errors import CorruptMetadataError, NoSuchLedgerError, ZbkError
@@ -38,8 +39,6 @@ from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire.messages import EntryRanges
 
 log = logging.getLogger(__name__)
-
-ledgers_in_flight_max = 8  # ledgers checked concurrently
 
 
 @dataclass
@@ -79,7 +78,7 @@ class LedgerChecker:
         registered = set(rack_of)
         multi_rack = len(set(rack_of.values())) > 1
         ids = await asyncio.to_thread(lambda: list(self.ledgers.list_ids()))
-        sem = asyncio.Semaphore(ledgers_in_flight_max)
+        sem = asyncio.Semaphore(limits.checker_ledgers_in_flight_max)
 
         async def one(lid: int) -> None:
             async with sem:

@@ -4,30 +4,28 @@ Entries travel as the raw blobs the writer built (header + digest + payload): th
 reads one from a replica, checks its digest with the ledger's password (a damaged copy is
 never spread), and writes it to the target with a RECOVERY_ADD, which a bookie accepts
 even on a fenced ledger. Reads go out concurrently in batches of
-``copy_batch_entries_max``; writes are packed into frames of at most
-``copy_batch_bytes_max`` and paced by a :class:`RateLimiter` shared by the process.
+``limits.copy_batch_entries_max``; writes are packed into frames of at most
+``limits.copy_batch_bytes_max`` and paced by a :class:`RateLimiter` shared by the process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest, master_key
 from zbk.client.handles import add_batches
+from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieUnavailableError, DigestMismatchError, error_for_status
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.recovery import metrics as rm
+from zbk.tokenbucket import TokenBucket
 from zbk.wire import messages as w
 from zbk.wire.entry import parse_entry
 from zbk.wire.messages import EntryRanges
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
-
-copy_batch_entries_max = 256  # entries read concurrently, then sent in one RECOVERY_ADD
-copy_batch_bytes_max = limits.frame_bytes_max_default // 2
 
 
 def positions_held(md: LedgerMetadata, position: int, first: int, last: int) -> list[int]:
@@ -73,17 +71,18 @@ class RateLimiter:
     starve the bookies' client traffic (``replication_rate_bytes``). A request is let
     through at once and the next one waits for its debt: no request is ever split."""
 
-    def __init__(self, bytes_per_s: float) -> None:
+    def __init__(self, bytes_per_s: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
         assert bytes_per_s > 0, bytes_per_s
-        self.bytes_per_s = bytes_per_s
-        self._free_at = 0.0  # monotonic time from which the next request may go
+        self.clock = clock
+        # Capacity 0: an idle limiter saves nothing up, so a burst after a pause is paced too.
+        self.bucket = TokenBucket(bytes_per_s, 0.0, now=clock.monotonic())
 
     async def acquire(self, nbytes: int) -> None:
-        now = time.monotonic()
-        start = max(now, self._free_at)
-        self._free_at = start + nbytes / self.bytes_per_s
-        if start > now:
-            await asyncio.sleep(start - now)
+        # Charged before the wait, so that concurrent workers queue behind each other's debt.
+        wait = self.bucket.wait_s(0.0, self.clock.monotonic())
+        self.bucket.take(nbytes)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 class EntryCopier:
@@ -100,10 +99,10 @@ class EntryCopier:
         entry's write set that are not in ``avoid``."""
         digest = self.ctx.digest_for(md.digest, md.password)
         key = master_key(md.password)
-        for start in range(0, len(entries), copy_batch_entries_max):
-            batch = entries[start:start + copy_batch_entries_max]
+        for start in range(0, len(entries), limits.copy_batch_entries_max):
+            batch = entries[start:start + limits.copy_batch_entries_max]
             blobs = await asyncio.gather(*(self.read_good_copy(md, e, digest, avoid) for e in batch))
-            for chunk in add_batches(blobs, len, copy_batch_bytes_max):
+            for chunk in add_batches(blobs, len, limits.copy_batch_bytes_max):
                 size = sum(len(b) for b in chunk)
                 await self.rate.acquire(size)
                 await self.write(md.ledger_id, key, target, chunk)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.recovery import recover
 from zbk.errors import CorruptMetadataError, MetadataVersionError, NoSuchLedgerError, OperationRefusedError
@@ -32,7 +33,6 @@ from zbk.recovery.underreplication import UnderReplicationRegistry
 
 log = logging.getLogger(__name__)
 
-lock_wait_s_max = 120.0  # how long to wait for a ledger a replicator is working on
 Progress = Callable[[int, int, str], None]
 
 
@@ -90,12 +90,12 @@ async def decommission(ctx: ClientContext, registry: UnderReplicationRegistry, l
 
 async def _with_lock(registry: UnderReplicationRegistry, lease: int, lid: int,
                      work: Callable[[], Awaitable[None]]) -> None:
-    deadline = time.monotonic() + lock_wait_s_max
+    deadline = time.monotonic() + limits.decommission_lock_wait_s_max
     while not await asyncio.to_thread(registry.try_lock, lid, lease):
         if time.monotonic() > deadline:
             raise MetadataVersionError(f"ledger {lid}: locked by {registry.lock_holder(lid)} for "
-                                       f"{lock_wait_s_max:.0f} s")
-        await asyncio.sleep(0.5)
+                                       f"{limits.decommission_lock_wait_s_max:.0f} s")
+        await asyncio.sleep(limits.decommission_lock_poll_s)
     try:
         await work()
     finally:

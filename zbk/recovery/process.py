@@ -29,13 +29,13 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+from zbk import limits
 from zbk.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from zbk.config import AutoRecoveryConfig
 
 log = logging.getLogger(__name__)
-stop_timeout_s = 30.0
 
 
 def add_parser(sub: Any) -> None:
@@ -178,7 +178,7 @@ class AutoRecovery:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._replicator.stop)
         if self._replicator_thread is not None:
-            self._replicator_thread.join(stop_timeout_s)
+            self._replicator_thread.join(limits.autorecovery_stop_timeout_s)
         if self._own_http:
             self.http.stop()
         self.lease.stop(revoke=True)  # deletes any lock key a stuck worker still held
@@ -193,7 +193,7 @@ def run_autorecovery(cfg: AutoRecoveryConfig) -> int:
     ar = AutoRecovery(cfg, stop_event=stop)
     try:
         ar.start()
-        while not stop.wait(0.5):
+        while not stop.wait(limits.process_stop_poll_s):
             pass
     finally:
         ar.stop()

@@ -29,6 +29,7 @@ import bisect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import master_key
 from zbk.client.recovery import recover
@@ -42,7 +43,6 @@ from zbk.metadata.ledger import LedgerMetadata
 from zbk.recovery import metrics as rm
 from zbk.recovery.copier import (
     EntryCopier,
-    copy_batch_entries_max,
     list_entries,
     positions_held,
     read_checked,
@@ -138,8 +138,8 @@ class InPlaceRepairer:
         """Entries of ``entries`` that ``bookie`` does not return with a good digest."""
         digest = self.ctx.digest_for(md.digest, md.password)
         bad: list[int] = []
-        for start in range(0, len(entries), copy_batch_entries_max):
-            batch = entries[start:start + copy_batch_entries_max]
+        for start in range(0, len(entries), limits.copy_batch_entries_max):
+            batch = entries[start:start + limits.copy_batch_entries_max]
             got = await asyncio.gather(*(read_checked(self.ctx, bookie, md, e, digest) for e in batch))
             bad.extend(e for e, (blob, _) in zip(batch, got, strict=True) if blob is None)
         return bad

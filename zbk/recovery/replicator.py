@@ -34,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
-from dataclasses import dataclass
 
+from zbk import limits
+from zbk.backoff import Backoff
 from zbk.client import placement
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.recovery import recover
+from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import (
     BookieUnavailableError,
     MetadataVersionError,
@@ -55,23 +56,13 @@ from zbk.recovery.underreplication import RepairMark, UnderReplicatedLedger, Und
 
 log = logging.getLogger(__name__)
 
-idle_poll_interval_s = 0.5  # how often an idle worker looks for marks
-backoff_s_min = 0.5
-backoff_s_max = 30.0
-
-
-@dataclass
-class _Backoff:
-    until: float
-    delay_s: float
-
 
 class Replicator:
     """N workers sharing one client context, a registry, and the process lease."""
 
     def __init__(self, ctx: ClientContext, registry: UnderReplicationRegistry, lease: int, *, workers: int = 1,
                  grace_period_s: float = 30.0, rate_bytes_per_s: float = 64 * 1024 * 1024,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         assert workers >= 1, workers
         self.ctx = ctx
         self.registry = registry
@@ -81,7 +72,8 @@ class Replicator:
         self.copier = EntryCopier(ctx, RateLimiter(rate_bytes_per_s))
         self.repairer = InPlaceRepairer(ctx, registry, self.copier, self._registered)
         self.rng = rng or random.Random()
-        self._backoff: dict[int, _Backoff] = {}
+        self.clock = clock
+        self._backoff: dict[int, Backoff] = {}  # ledger -> its retries (after failures, or its grace wait)
         self._first_seen_open: dict[int, float] = {}  # ledger -> when we first saw its last fragment hurt
         self._busy: set[int] = set()  # ledgers a worker of this process is on (locks are per owner)
         self._stop = asyncio.Event()
@@ -110,7 +102,7 @@ class Replicator:
                 did = False
             if not did:
                 try:
-                    await asyncio.wait_for(self._stop.wait(), idle_poll_interval_s)
+                    await asyncio.wait_for(self._stop.wait(), limits.replicator_idle_poll_interval_s)
                 except TimeoutError:
                     pass
 
@@ -121,13 +113,12 @@ class Replicator:
         marks.extend(await asyncio.to_thread(self.registry.list_repairs))
         self._forget_unmarked({m.ledger_id for m in marks})
         self.rng.shuffle(marks)
-        now = time.monotonic()
         for mark in marks:
             lid = mark.ledger_id
             if self._stop.is_set():
                 return False
             b = self._backoff.get(lid)
-            if lid in self._busy or (b is not None and b.until > now):
+            if lid in self._busy or (b is not None and not b.ready()):
                 continue
             self._busy.add(lid)
             try:
@@ -165,15 +156,20 @@ class Replicator:
             else:
                 done = await self.replicate_ledger(mark)
         except ZbkError as e:
-            prev = self._backoff.get(lid)
-            delay = min(backoff_s_max, max(backoff_s_min, prev.delay_s * 2)) if prev else backoff_s_min
-            self._backoff[lid] = _Backoff(time.monotonic() + delay, delay)
+            delay = self._backoff_of(lid).fail()
             log.warning("ledger %d: re-replication failed, retrying in %.1f s: %s", lid, delay, e)
             return False
         if done:
             self._backoff.pop(lid, None)
             self._first_seen_open.pop(lid, None)
         return done
+
+    def _backoff_of(self, lid: int) -> Backoff:
+        b = self._backoff.get(lid)
+        if b is None:
+            b = self._backoff[lid] = Backoff(limits.replicator_backoff_s_min, limits.replicator_backoff_s_max,
+                                             jitter=limits.replicator_backoff_jitter, clock=self.clock, rng=self.rng)
+        return b
 
     async def replicate_ledger(self, mark: UnderReplicatedLedger) -> bool:
         """Make the ledger whole and clear its mark; False if it must wait (grace period)."""
@@ -202,11 +198,14 @@ class Replicator:
         return True
 
     def _grace_over(self, lid: int) -> bool:
-        first = self._first_seen_open.setdefault(lid, time.monotonic())
-        left = first + self.grace_period_s - time.monotonic()
+        now = self.clock.monotonic()
+        first = self._first_seen_open.setdefault(lid, now)
+        left = first + self.grace_period_s - now
         if left > 0:
             # Not a failure: come back once the writer had its chance to change ensembles.
-            self._backoff[lid] = _Backoff(time.monotonic() + left, 0.0)
+            b = self._backoff_of(lid)
+            b.reset()
+            b.hold_until(now + left)
             log.info("ledger %d: open, waiting %.1f s more for its writer before recovering it", lid, left)
             return False
         return True

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 
+from zbk import limits
 from zbk.client.recovery import check_password
 from zbk.errors import CorruptMetadataError, MetadataVersionError, NoSuchLedgerError
 from zbk.metadata import layout
@@ -20,7 +21,6 @@ from zbk.metadata.store import MetadataStore, iter_prefix
 from zbk.spark.options import JOB_KEY, STATE_COMMITTED, STATE_KEY, STATE_PENDING, Selector
 
 log = logging.getLogger(__name__)
-COMMIT_ATTEMPTS_MAX = 20
 
 
 def iter_ledgers(store: MetadataStore) -> Iterator[LedgerMetadata]:
@@ -69,7 +69,7 @@ def mark_committed(store: MetadataStore, ledger_id: int, job_id: str) -> None:
     """Flip one ledger of ``job_id`` from pending to committed (compare-and-set, retried
     when auto-recovery changes the ledger's ensembles meanwhile)."""
     ledgers = LedgerStore(store)
-    for _ in range(COMMIT_ATTEMPTS_MAX):
+    for _ in range(limits.spark_commit_attempts_max):
         md, version = ledgers.read(ledger_id)
         if md.custom_metadata.get(JOB_KEY) != job_id.encode():
             raise MetadataVersionError(f"ledger {ledger_id} does not belong to Spark write job {job_id}")
@@ -81,7 +81,7 @@ def mark_committed(store: MetadataStore, ledger_id: int, job_id: str) -> None:
             return
         except MetadataVersionError:
             continue
-    raise MetadataVersionError(f"ledger {ledger_id}: gave up committing after {COMMIT_ATTEMPTS_MAX} conflicts")
+    raise MetadataVersionError(f"ledger {ledger_id}: gave up committing after {limits.spark_commit_attempts_max} conflicts")
 
 
 def delete_ledgers(store: MetadataStore, ledger_ids: Iterable[int]) -> list[int]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from zbk import limits
 from zbk.errors import BadRequestError
-from zbk.metadata.ledger import LEDGER_ID_MAX
 
 Offsets = dict[int, int]
 
@@ -25,7 +25,7 @@ def decode(raw: Mapping[str, Any]) -> Offsets:
     out: Offsets = {}
     for key, value in raw.items():
         text = str(key)
-        if not (text.isascii() and text.isdigit()) or int(text) > LEDGER_ID_MAX:
+        if not (text.isascii() and text.isdigit()) or int(text) > limits.ledger_id_max:
             raise BadRequestError(f"zbk offset {dict(raw)!r}: {key!r} is not a ledger id")
         if not isinstance(value, int) or isinstance(value, bool) or value < -1:
             raise BadRequestError(f"zbk offset {dict(raw)!r}: ledger {key} has a bad entry id {value!r}")

@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from zbk import limits
 from zbk.errors import BadRequestError, ConfigError
-from zbk.metadata.ledger import DIGEST_TYPES, ENSEMBLE_SIZE_MAX, LEDGER_ID_MAX, LedgerMetadata
+from zbk.metadata.ledger import DIGEST_TYPES, LedgerMetadata
 from zbk.metadata.uri import parse_uri
 
 # Custom metadata keys the writer uses for its commit protocol (docs/spark.md "Writing").
@@ -42,7 +43,6 @@ STATE_COMMITTED = b"committed"
 RESERVED_PREFIX = "zbk.spark."
 
 EXTRA_COLUMNS = ("closed", "bookies")
-ENTRIES_PER_PARTITION_DEFAULT = 10_000
 
 _READ_KEYS = {"metadata", "ledgers", "password", "entries_per_partition", "extra_columns",
               "maxentriespertrigger", "max_entries_per_trigger", "starting_offsets"}
@@ -83,7 +83,7 @@ class ReadOptions:
     metadata: str
     selector: Selector
     password: bytes = b""
-    entries_per_partition: int = ENTRIES_PER_PARTITION_DEFAULT
+    entries_per_partition: int = limits.spark_entries_per_partition_default
     extra_columns: tuple[str, ...] = ()
     max_entries_per_trigger: int | None = None
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -128,7 +128,7 @@ def parse_selector(text: str) -> Selector:
             raise BadRequestError(f'option "ledgers"={text!r}: {part!r} is not a ledger id '
                                   '(give "1,2,3", "all" or "meta:KEY=VALUE")')
         lid = int(part)
-        if lid > LEDGER_ID_MAX:
+        if lid > limits.ledger_id_max:
             raise BadRequestError(f'option "ledgers"={text!r}: ledger id {lid} is out of range')
         if lid not in ids:
             ids.append(lid)
@@ -154,7 +154,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         metadata=_metadata(opts),
         selector=parse_selector(opts["ledgers"]),
         password=opts.get("password", "").encode(),
-        entries_per_partition=_int(opts, "entries_per_partition", ENTRIES_PER_PARTITION_DEFAULT, low=1),
+        entries_per_partition=_int(opts, "entries_per_partition", limits.spark_entries_per_partition_default, low=1),
         extra_columns=tuple(dict.fromkeys(extra)),
         max_entries_per_trigger=None if max_trigger is None else _parse_int("maxEntriesPerTrigger", max_trigger, 1),
         starting_offsets="latest" if starting == "latest" else "earliest",
@@ -164,7 +164,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
 def write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _lower(options)
     _unknown(opts, _WRITE_KEYS, "write")
-    ensemble = _int(opts, "ensemble", 3, low=1, high=ENSEMBLE_SIZE_MAX)
+    ensemble = _int(opts, "ensemble", 3, low=1, high=limits.ledger_ensemble_size_max)
     if "quorums" in opts:
         if "write_quorum" in opts or "ack_quorum" in opts:
             raise BadRequestError('give "quorums" or "write_quorum"/"ack_quorum", not both')

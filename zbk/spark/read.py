@@ -13,13 +13,12 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from zbk import limits
 from zbk.client.sync import BookKeeper
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.spark.options import ReadOptions
 from zbk.spark.plan import LedgerRange
 from zbk.spark.schema import record_batch
-
-BATCH_ROWS = 4096
 
 
 def read_range(opts: ReadOptions, schema: pa.Schema, part: LedgerRange) -> Iterator[pa.RecordBatch]:
@@ -32,7 +31,7 @@ def read_range(opts: ReadOptions, schema: pa.Schema, part: LedgerRange) -> Itera
         for e in rh.read(part.first, part.last):
             assert e.entry_id == first + len(payloads), (part, e.entry_id)
             payloads.append(e.payload)
-            if len(payloads) >= BATCH_ROWS:
+            if len(payloads) >= limits.spark_batch_rows_max:
                 yield _batch(schema, part, first, payloads, md, want_bookies)
                 first += len(payloads)
                 payloads = []

@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from zbk import limits
 from zbk.client.sync import BookKeeper, SyncLedgerHandle
 from zbk.errors import BadRequestError, ZbkError
 from zbk.metadata.uri import open_store
@@ -35,7 +36,6 @@ from zbk.spark.catalog import delete_ledgers, job_ledgers, mark_committed
 from zbk.spark.options import WriteOptions
 
 log = logging.getLogger(__name__)
-APPENDS_IN_FLIGHT_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def write_partition(opts: WriteOptions, job_id: str, batches: Iterable[pa.Record
                     in_flight.append(lh.append_async(payload))
                     entries += 1
                     size += len(payload)
-                    if len(in_flight) >= APPENDS_IN_FLIGHT_MAX:
+                    if len(in_flight) >= limits.spark_appends_in_flight_max:
                         in_flight.popleft().result()
             for fut in in_flight:
                 fut.result()

@@ -13,7 +13,7 @@ Page cache ("drop behind", ``keep_cached_bytes``)
     Of everything the writer has written, the last ``keep_cached_bytes`` (across its logs)
     are left in the page cache for readers; older ranges are dropped from it
     (``posix_fadvise(DONTNEED)``, :meth:`Disk.drop_cache`) in steps of
-    ``_DROP_STEP_BYTES``. Dirty pages and pages still being written back are not dropped
+    ``limits.entry_log_drop_step_bytes_min``. Dirty pages and pages still being written back are not dropped
     by the kernel, so this never loses data: the pages it frees were already on disk
     (``writeback_bytes`` starts their writeback early). Why: data written once and read
     rarely would otherwise keep asking the kernel for new memory. Freed pages are reused
@@ -51,7 +51,6 @@ from zbk.errors import BookieIOError, CorruptDataError
 from zbk.storage.disk import REAL_DISK, Disk
 from zbk.storage.entrylogformat import (
     _CRC,
-    _DROP_STEP_BYTES,
     _LAST_ID,
     _LENGTH_MIN,
     HEADER_BYTES,
@@ -323,7 +322,7 @@ class EntryLogWriter(EntryLogReads):
             cached.append([log_id, start, end])
         self._cached_bytes += end - start
         excess = self._cached_bytes - self._keep_cached
-        if excess < _DROP_STEP_BYTES:
+        if excess < limits.entry_log_drop_step_bytes_min:
             return
         while excess > 0 and cached:
             rng = cached[0]

@@ -80,15 +80,6 @@ _LENGTH_MAX = _IDS.size + limits.entry_bytes_max + 4096  # room for the entry's 
 _TRAILER = struct.Struct("<QII8s")
 _LAST_ID = struct.Struct("<8sQ")
 _REC = struct.Struct("<IIQq")  # a record's header: length, crc32c, ledger id, entry id
-_READ_FDS_MAX = 64
-_DROP_STEP_BYTES = 4 * 1024 * 1024  # drop behind in steps of at least this much
-_READ_GUESS_BYTES = 4096
-# Range reads (read_entries) coalesce records that lie close together in one log into one
-# pread of at most _RUN_BYTES_MAX. A location more than _RUN_GAP_MAX past the previous one
-# (a large entry, or records of other ledgers in between) starts a new run, so a run never
-# drags much more than the records it serves through memory.
-_RUN_BYTES_MAX = 1 << 20
-_RUN_GAP_MAX = 16 << 10
 _pack_ids = _IDS.pack
 _pack_prefix = _PREFIX.pack
 
@@ -239,7 +230,7 @@ def _entry(ledger_id: int | None, entry_id: int | None) -> str:
 def _read_record(fd: int, path: str, offset: int, end: int, ledger_id: int | None,
                  entry_id: int | None) -> bytes:
     # One pread serves most entries; a larger one needs a second read for its rest.
-    data = os.pread(fd, min(_READ_GUESS_BYTES, end - offset), offset)
+    data = os.pread(fd, min(limits.entry_log_read_guess_bytes, end - offset), offset)
     length = _CRC.unpack_from(data, 0)[0] if len(data) >= _CRC.size else -1
     if not _LENGTH_MIN <= length <= _LENGTH_MAX or offset + _PREFIX.size + length > end:
         raise CorruptDataError(f"{_entry(ledger_id, entry_id)} has a bad record length {length}",

@@ -12,15 +12,12 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
+from zbk import limits
 from zbk.errors import CorruptDataError
 from zbk.storage.entrylogformat import (
     _LENGTH_MAX,
     _LENGTH_MIN,
-    _READ_FDS_MAX,
-    _READ_GUESS_BYTES,
     _REC,
-    _RUN_BYTES_MAX,
-    _RUN_GAP_MAX,
     HEADER_BYTES,
     OFFSET_BITS,
     OFFSET_MASK,
@@ -151,7 +148,7 @@ class EntryLogReads:
         The run's locations lie in one log between ``locations[i]`` and ``locations[j - 1]``
         (:func:`_run_end`), so every record of the run starts inside the bytes; they are on
         one side of where an active log's written bytes end and its write buffer begins.
-        The bytes reach _READ_GUESS_BYTES past the last location, or to the records' end. A
+        The bytes reach ``limits.entry_log_read_guess_bytes`` past the last location, or to the records' end. A
         location that cannot start a run (unknown log, outside the records) gets an empty
         run: :meth:`read` then raises its error."""
         loc = locations[i]
@@ -171,10 +168,10 @@ class EntryLogReads:
         limit = end if lg is None or in_buffer else min(end, lg.written)
         # As locations: [low, high] is where the run's records may start.
         low, high = make_location(log_id, floor), make_location(log_id, limit - RECORD_HEADER_BYTES)
-        j = _run_end(locations, i, max(low, loc), min(high, loc + _RUN_BYTES_MAX))
+        j = _run_end(locations, i, max(low, loc), min(high, loc + limits.entry_log_read_run_bytes_max))
         first, last = loc, locations[j - 1]
         base = first & OFFSET_MASK
-        want = min((last & OFFSET_MASK) - base + _READ_GUESS_BYTES, limit - base)
+        want = min((last & OFFSET_MASK) - base + limits.entry_log_read_guess_bytes, limit - base)
         if in_buffer:  # a copy: the write buffer changes, the views handed out must not
             assert lg is not None
             start = base - lg.written
@@ -200,7 +197,7 @@ class EntryLogReads:
             return fd
         fd = os.open(self._paths[log_id], os.O_RDONLY)
         self._read_fds[log_id] = fd
-        if len(self._read_fds) > _READ_FDS_MAX:
+        if len(self._read_fds) > limits.entry_log_read_fds_max:
             os.close(self._read_fds.popitem(last=False)[1])
         return fd
 
@@ -209,7 +206,8 @@ class EntryLogReads:
 
 def _run_end(locations: Sequence[int], i: int, low: int, high: int) -> int:
     """The end ``j > i`` of the run of ``locations`` from ``i == low``: every location of the
-    run lies in [low, locations[j - 1]], within [low, high], on average at most _RUN_GAP_MAX
+    run lies in [low, locations[j - 1]], within [low, high], on average at most
+    ``limits.entry_log_read_run_gap_bytes_max``
     past ``low`` per location.
 
     Locations of a ledger written in sequence ascend, so the end is found by a binary search
@@ -220,14 +218,14 @@ def _run_end(locations: Sequence[int], i: int, low: int, high: int) -> int:
     while lo < hi:
         mid = (lo + hi + 1) // 2
         loc = locations[mid - 1]
-        if low <= loc <= high and loc - low <= (mid - i) * _RUN_GAP_MAX:
+        if low <= loc <= high and loc - low <= (mid - i) * limits.entry_log_read_run_gap_bytes_max:
             lo = mid
         else:
             hi = mid - 1
     if lo - i <= 2 or (min(locations[i:lo]) == low and max(locations[i:lo]) == locations[lo - 1]):
         return lo
     j, last = i + 1, low  # not ascending: grow step by step
-    while j < n and last < locations[j] <= min(high, last + _RUN_GAP_MAX):
+    while j < n and last < locations[j] <= min(high, last + limits.entry_log_read_run_gap_bytes_max):
         last = locations[j]
         j += 1
     return j

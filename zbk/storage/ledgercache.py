@@ -43,7 +43,7 @@ from zbk.errors import BadRequestError, CorruptDataError
 from zbk.storage import index
 from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk, syncfs_untrusted_fs
 from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
-from zbk.storage.ledgerfiles import FILES_OPEN_MAX_DEFAULT, LedgerFiles, _Ledger
+from zbk.storage.ledgerfiles import LedgerFiles, _Ledger
 from zbk.storage.ledgerpages import (
     _NEW_PAGE_DELTA_SLOTS_MAX,
     DELTA_PAGE_BYTES,
@@ -53,11 +53,9 @@ from zbk.storage.ledgerpages import (
     _apply,
 )
 
-__all__ = ["DELTA_PAGE_BYTES", "DELTA_SLOT_BYTES", "FILES_OPEN_MAX_DEFAULT", "LedgerCache", "LedgerFiles", "Page"]
+__all__ = ["DELTA_PAGE_BYTES", "DELTA_SLOT_BYTES", "LedgerCache", "LedgerFiles", "Page"]
 
 log = logging.getLogger(__name__)
-
-_FLUSH_GROUP = 512  # files written before their fsyncs in a flush (at most the descriptors kept, see flush)
 
 
 class LedgerCache(LedgerPages):
@@ -65,12 +63,12 @@ class LedgerCache(LedgerPages):
 
     def __init__(self, index_dirs: Sequence[str], bytes_max: int = limits.ledger_cache_bytes_max_default,
                  disk: Disk = REAL_DISK, *, syncfs: bool = True,
-                 files_open_max: int = FILES_OPEN_MAX_DEFAULT) -> None:
+                 files_open_max: int = limits.index_files_open_max_default) -> None:
         assert index_dirs, "at least one index directory"
         assert bytes_max >= PAGE_BYTES, "the cache must hold at least one page"
         assert files_open_max >= 1, "at least one index file descriptor"
         self._fds_max = files_open_max
-        self._flush_group = min(_FLUSH_GROUP, files_open_max)
+        self._flush_group = min(limits.index_flush_group_files_max, files_open_max)
         self._dirs = tuple(index_dirs)
         self._bytes_max = bytes_max
         self._disk = disk

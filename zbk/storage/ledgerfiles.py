@@ -14,11 +14,6 @@ from dataclasses import dataclass
 from zbk.storage import index
 from zbk.storage.index import IndexHeader
 
-# Index file descriptors kept open (LRU) unless told otherwise: what a process under the
-# common soft limit of 1,024 can spare. The bookie passes more (its index_files_open_max,
-# within its raised limit): a checkpoint re-opens every dirty ledger's file beyond these.
-FILES_OPEN_MAX_DEFAULT = 1024
-
 
 @dataclass(eq=False, slots=True)
 class _Ledger:

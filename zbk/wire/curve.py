@@ -37,6 +37,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from zbk import limits
 from zbk.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ ZAP_DOMAIN = "zbk"
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 DEFAULT_SERVER_KEY = "server.key"
-_DENIAL_LOG_INTERVAL_S = 60.0
 
 
 def generate_keypair(directory: str, name: str) -> tuple[str, str]:
@@ -150,7 +150,8 @@ class CurveServer:
         if not allowed:
             self.denied += 1
             now = time.monotonic()
-            if now - self._denied_logged.get(client_key, -_DENIAL_LOG_INTERVAL_S) >= _DENIAL_LOG_INTERVAL_S:
+            if now - self._denied_logged.get(client_key, -limits.curve_denial_log_interval_s) \
+                    >= limits.curve_denial_log_interval_s:
                 self._denied_logged[client_key] = now
                 log.warning("CURVE: refused a client with unknown public key %s", client_key.decode(errors="replace"))
         return allowed

@@ -91,10 +91,9 @@ def _enc_add_request(m: AddRequest) -> list[Blob]:
 # entries), or one frame each from frame 2 on (no ``n``; still accepted).
 _PART = struct.Struct(">qIB32s")
 assert _PART.size == 45 and MASTER_KEY_BYTES == 32
-_PARTS_STRUCTS_MAX = 16  # compiled formats kept: at most 16 x 128 KiB (1,024 parts each)
 
 
-@functools.lru_cache(maxsize=_PARTS_STRUCTS_MAX)
+@functools.lru_cache(maxsize=limits.wire_parts_structs_cached_max)
 def _parts_struct(n: int) -> struct.Struct:
     """The format of a part table of ``n`` parts, compiled once per part count in use."""
     return struct.Struct(">" + "qIB32s" * n)

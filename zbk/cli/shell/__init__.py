@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from zbk.cli.shell import bookie, checks, client, cluster, ledgermeta, metadata, offline, recovery
 from zbk.cli.shell.common import COMMANDS, GROUPS, Command
-from zbk.errors import EXIT_UNREACHABLE, EXIT_USAGE, ZbkError
+from zbk.errors import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, ZbkError
 
 __all__ = ["add_parser", "arrange", "build_parser", "main", "COMMANDS"]
 _MODULES = (bookie, checks, client, cluster, ledgermeta, metadata, offline, recovery)  # each registers its commands
@@ -163,7 +163,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if name is None:
         if any(t in _HELP for t in rest):
             print(overview())
-            sys.exit(0)
+            sys.exit(EXIT_OK)
         print(overview(), file=sys.stderr)
         print(f"\n{PROG}: error: a command is required", file=sys.stderr)
         sys.exit(EXIT_USAGE)

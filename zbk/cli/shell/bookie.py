@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from zbk.cli.shell.common import command, connect, entry_id, ledger_id, out
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 GROUP = "one bookie"
 
@@ -48,7 +49,7 @@ def _readentry(args: argparse.Namespace) -> int:
         data["bytes"] = len(blob)
         data["blob_hex"] = blob.hex() if args.json else blob[:64].hex() + ("..." if len(blob) > 64 else "")
     out(args, data)
-    return 0 if r.entries else 1
+    return EXIT_OK if r.entries else EXIT_FAILED
 
 
 def _ledgerentries_args(p: argparse.ArgumentParser) -> None:
@@ -67,5 +68,5 @@ def _ledgerentries(args: argparse.Namespace) -> int:
     data = {"bookie": args.bookie, "ledger_id": lid, "status": r.status.name, "ranges": [list(x) for x in r.entry_ranges]}
     out(args, data, lambda d: f"{d['status']}: " + (", ".join(f"{a}-{b}" if a != b else str(a)
                                                               for a, b in d["ranges"]) or "none"))
-    return 0 if r.status == 0 else 1
+    return EXIT_OK if r.status == 0 else EXIT_FAILED
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from zbk.cli.shell.common import Progress, command, out, rows
 from zbk.cli.shell.offline import GROUP, bookie_dirs
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 
 @command("localconsistencycheck", group=GROUP,
@@ -29,7 +30,7 @@ def _localconsistencycheck(args: argparse.Namespace) -> int:
             "no_digest": report.no_digest, "bad": [dataclasses.asdict(b) for b in report.bad],
             "missing_dirs": dirs.missing}
     out(args, data, _table)
-    return 0 if report.ok and not dirs.missing else 1
+    return EXIT_OK if report.ok and not dirs.missing else EXIT_FAILED
 
 
 def _table(d: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from zbk.cli.shell.common import (
     out,
     uri,
 )
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 GROUP = "through the client"
 
@@ -47,7 +48,7 @@ def _readledger(args: argparse.Namespace) -> int:
             progress.close()
     out(args, rows, lambda rs: "\n".join(f"{r['entry_id']}\t{jsonable(r['payload'][:80])}" for r in rs)
         or "(no confirmed entries)")
-    return 0
+    return EXIT_OK
 
 
 def _positive(s: str) -> int:
@@ -103,4 +104,4 @@ def _simpletest(args: argparse.Namespace) -> int:
         lambda d: (f"simpletest {'OK' if d['ok'] else 'FAILED'}: ledger {d['ledger_id']}, {d['entries']} entries on "
                    f"{d['ensembles']}; write {d['write_entries_per_s']:,}/s, read {d['read_entries_per_s']:,}/s"
                    + (f", {d['mismatches']} mismatches" if d["mismatches"] else "")))
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_FAILED

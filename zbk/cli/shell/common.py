@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
+from zbk import limits
 from zbk.errors import BadRequestError
 
 Handler = Callable[[argparse.Namespace], "int | None"]
@@ -171,11 +172,9 @@ class Progress:
 
 # -- argument types (argparse turns their ValueError/ArgumentTypeError into a usage error) --
 def ledger_id(s: str) -> int:
-    from zbk.metadata.layout import LEDGER_ID_MAX
-
     value = number(s)
-    if not 0 <= value <= LEDGER_ID_MAX:
-        raise argparse.ArgumentTypeError(f"a ledger id is 0..{LEDGER_ID_MAX}, got {s}")
+    if not 0 <= value <= limits.ledger_id_max:
+        raise argparse.ArgumentTypeError(f"a ledger id is 0..{limits.ledger_id_max}, got {s}")
     return value
 
 

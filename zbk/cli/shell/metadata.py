@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from zbk.cli.shell.common import Progress, command, key_value, ledger_id, open_metadata, out, rows
-from zbk.errors import CorruptMetadataError, ZbkError
+from zbk.errors import EXIT_FAILED, EXIT_OK, CorruptMetadataError, ZbkError
 
 GROUP = "cluster metadata"
 _EXAMPLE_URI = "--metadata sqlite:///var/zbk/meta.db"
@@ -46,12 +46,12 @@ def _listledgers(args: argparse.Namespace) -> int:
 
         ids = list(LedgerStore(store).list_ids())
         out(args, ids, _id_lines)
-        return 0
+        return EXIT_OK
     ids, unreadable = _matching_ledgers(args, store)
     for lid, why in unreadable:
         print(f"zbk shell listledgers: ledger {lid}: {why}", file=sys.stderr)
     out(args, ids, _id_lines)
-    return 1 if unreadable else 0  # a ledger it could not read might have matched
+    return EXIT_FAILED if unreadable else EXIT_OK  # a ledger it could not read might have matched
 
 
 def _id_lines(ids: list[int]) -> str:

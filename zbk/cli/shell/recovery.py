@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from zbk.cli.shell.common import Progress, client_config, command, open_metadata, out, rows
+from zbk.errors import EXIT_FAILED, EXIT_OK
 
 GROUP = "auto-recovery"
 _EXAMPLE_URI = "--metadata sqlite:///var/zbk/meta.db"
@@ -43,7 +44,7 @@ def _whoisauditor(args: argparse.Namespace) -> int:
 
     leader = current_leader(open_metadata(args))
     out(args, {"auditor": leader}, lambda d: d["auditor"] or "(no auditor)")
-    return 0 if leader else 1
+    return EXIT_OK if leader else EXIT_FAILED
 
 
 def _seconds(s: str) -> float:
@@ -87,7 +88,7 @@ def _triggeraudit(args: argparse.Namespace) -> int:
     out(args, {"triggered": True, "auditor": leader},
         lambda d: f"audit triggered; auditor {d['auditor']} runs it now" if d["auditor"]
         else "audit triggered, but no auditor is running: it runs when one is elected")
-    return 0 if leader else 1
+    return EXIT_OK if leader else EXIT_FAILED
 
 
 def _recover_args(p: argparse.ArgumentParser) -> None:
@@ -133,4 +134,4 @@ def _recover(args: argparse.Namespace) -> int:
         f"({d['bytes_copied'] / 1e6:.1f} MB) copied in {d['seconds']} s; "
         + (f"closed {len(d['recovered_open_ledgers'])} open ledger(s) first; " if d["recovered_open_ledgers"] else "")
         + ("SAFE TO REMOVE" if d["safe_to_remove"] else f"NOT safe to remove: still named by {d['still_named_by']}")))
-    return 0 if rep.safe_to_remove else 1
+    return EXIT_OK if rep.safe_to_remove else EXIT_FAILED
