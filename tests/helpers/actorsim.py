@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import io
 import os
 import pickle
 import random
@@ -248,11 +249,25 @@ class PipeOutbox:
         self.pipes, self.sender = pipes, sender
 
     def send(self, dest: str, msg: Any) -> None:
-        self.pipes[(self.sender, dest)].append((msg, pickle.dumps(msg, protocol=5)))
+        self.pipes[(self.sender, dest)].append((msg, snapshot(msg)))
 
 
-def unchanged(msg: Any, snapshot: bytes) -> None:
-    assert pickle.dumps(msg, protocol=5) == snapshot, f"message changed after it was sent: {msg!r}"
+class _Snapshot(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, memoryview):  # a read's blobs are views of what was read: their bytes count
+            return bytes, (obj.tobytes(),)
+        return NotImplemented
+
+
+def snapshot(msg: Any) -> bytes:
+    """The message and everything reachable from it, as bytes to compare later."""
+    out = io.BytesIO()
+    _Snapshot(out, protocol=5).dump(msg)
+    return out.getvalue()
+
+
+def unchanged(msg: Any, taken: bytes) -> None:
+    assert snapshot(msg) == taken, f"message changed after it was sent: {msg!r}"
 
 
 class VirtualClock:
@@ -294,6 +309,9 @@ class BookieSettings:
     def durable_adds(self) -> bool:
         """Replay restores every acknowledged add (the bookie then skips phase one)."""
         return self.journal_write_data and self.journal_sync_data
+
+
+DEFAULT_SETTINGS = BookieSettings()
 
 
 @dataclass(slots=True)
@@ -546,7 +564,7 @@ class Sim:
     message at :meth:`verify` (the check that nothing sent is changed later)."""
 
     def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]], *,
-                 settings: BookieSettings = BookieSettings(), gc: Callable[[Storage], Any] | None = None,
+                 settings: BookieSettings = DEFAULT_SETTINGS, gc: Callable[[Storage], Any] | None = None,
                  keep_delivered: bool = True, disk: SimDisk | None = None) -> None:
         self.root, self.rng, self.acked = root, rng, acked
         self.now = T0
