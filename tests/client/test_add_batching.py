@@ -1,4 +1,4 @@
-"""The AddDispatcher's flat per-bookie batches (performance issue #8, client side): one
+"""The AddDispatcher's flat per-bookie batches (client side): one
 bookie's adds of an event-loop turn are kept as parallel lists (handles, part ends, entries)
 and split into messages at the request limits; entries track their bookies as bit masks.
 
