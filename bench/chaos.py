@@ -1,4 +1,4 @@
-"""Long chaos runs (issue #9; docs/chaos.md): the CI chaos test's harness for N minutes.
+"""Long chaos runs (docs/chaos.md): the CI chaos test's harness for N minutes.
 
     .venv/bin/python bench/chaos.py --minutes 30 [--seed N] [--dir DIR] [--json]
 

@@ -1,5 +1,6 @@
 """Client cost of appends: CPU seconds per 100,000 entries in the client and in the bookies,
-next to entries/s, for 1 and for many concurrently written ledgers (performance issue #8).
+next to entries/s, for 1 and for many concurrently written ledgers (docs/performance.md,
+"How cost grows" and "Client cost").
 
 3 bookies (loopback, embedded metadata, journal fsynced), E3 WQ3 AQ2 ledgers, 1 KiB
 entries, ``--window`` appends in flight in total, round-robin over N ledgers (as

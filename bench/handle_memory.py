@@ -1,6 +1,7 @@
 """What an open LedgerHandle costs a client: bytes (tracemalloc), GC-tracked objects, and the
 time of a full collection of the cyclic GC, with ``--handles`` writers open (default 10,000,
-the many-ledgers case of performance issue #8) and one entry written to each.
+as in ``bench/scale.py --only ledgers``) and one entry written to each (docs/performance.md,
+"Client cost").
 
 No bookies: the handles' adds go to an in-process transport that answers every request EOK
 from three bookies one event-loop turn later (after encoding the request and decoding the

@@ -1,10 +1,10 @@
-"""What writing into new page-cache pages costs on this machine, against dropping one's own
-pages behind the writer (docs/performance.md, eighth session: "What the slow regime was").
+"""What writing into new page-cache pages costs on the machine it runs on, against dropping
+one's own pages behind the writer (docs/performance.md, "The machine" and "Storage").
 
 A sequential writer of ``--gb`` GiB in 64 KiB writes, with ``sync_file_range`` writeback
 started every 4 MiB as the entry logger does (``flush_entry_log_bytes``), prints its wall,
-user and system time per GiB. ``keep`` leaves every page cached (what an entry logger did
-before ``entry_log_keep_cached_mb``); ``drop`` makes the data durable and drops the pages
+user and system time per GiB. ``keep`` leaves every page cached (what an entry logger does
+with ``entry_log_keep_cached_mb = 0``); ``drop`` makes the data durable and drops the pages
 ``--lag-mb`` behind itself (``fdatasync`` + ``POSIX_FADV_DONTNEED``), so the kernel hands the
 same memory back to the next writes. On a VM whose balloon reports free memory to the host,
 ``keep`` turns slow once the memory the guest had touched runs out; ``drop`` does not.

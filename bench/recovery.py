@@ -1,4 +1,4 @@
-"""Time to re-replicate a lost bookie's data, and the copy rate (issue #5's figures).
+"""Time to re-replicate a lost bookie's data, and the copy rate (docs/performance.md, "Re-replication").
 
     .venv/bin/python bench/recovery.py [--gib 1] [--bookies 4] [--entry-size 65536] [--json]
 

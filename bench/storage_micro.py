@@ -1,4 +1,4 @@
-"""Microbenchmark of the storage hot paths: per-operation costs on this machine.
+"""Microbenchmark of the storage hot paths: per-operation costs on the machine it runs on.
 
     .venv/bin/python bench/storage_micro.py [--dir DIR] [--n N] [--only NAME ...]
 

@@ -8,6 +8,11 @@ apt_install() {
   local need=()
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  # nft and ip for the network-fault tests (tests/faults): nft lives in /usr/sbin
+  [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1 || need+=(nftables)
+  command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
+  # fuse3 (fusermount3, libfuse3) for the power-loss layer of the fault tests (tests/faults).
+  command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
   # Java for local Spark (the spark extra's tests); only when the spark extra is asked for.
   case ",${ZBK_EXTRAS:-dev}," in
     *,spark,*) command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless) ;;

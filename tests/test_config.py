@@ -1,6 +1,26 @@
+import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 
-from zbk.config import AutoRecoveryConfig, BookieConfig, ClientConfig, build, load, parse_overrides
+from zbk.config import (
+    AutoRecoveryConfig,
+    BookieConfig,
+    ClientConfig,
+    CurveConfig,
+    DiskConfig,
+    EntryLogConfig,
+    GcConfig,
+    HttpConfig,
+    IndexConfig,
+    JournalConfig,
+    RecoveryConfig,
+    build,
+    load,
+    parse_overrides,
+    with_settings,
+)
 from zbk.errors import ConfigError
 
 
@@ -16,7 +36,7 @@ def test_defaults_resolve_directories_and_id():
     assert cfg.journal_dirs == ("/tmp/zbk-x/journal",)
     assert cfg.ledger_dirs == ("/tmp/zbk-x/ledgers",)
     assert cfg.index_dirs == ("/tmp/zbk-x/index",)
-    assert cfg.journal_write_data is True
+    assert cfg.journal.write_data is True
 
 
 def test_toml_then_set_then_explicit(tmp_path):
@@ -26,10 +46,10 @@ def test_toml_then_set_then_explicit(tmp_path):
     cfg = load(BookieConfig, path=str(f), overrides=["port=4001", "flush_interval_ms=500"],
                explicit={"port": 4002, "http_port": None})
     assert cfg.port == 4002
-    assert cfg.flush_interval_ms == 500
-    assert cfg.journal_write_data is False
+    assert cfg.index.flush_interval_ms == 500
+    assert cfg.journal.write_data is False
     assert cfg.validate().ledger_dirs == ("/a", "/b")
-    assert cfg.http_port == 8000  # None explicit values do not override
+    assert cfg.http.port == 8000  # None explicit values do not override
 
 
 def test_bookie_table_is_accepted(tmp_path):
@@ -114,3 +134,268 @@ def test_actor_cpus_takes_one_cpu_as_a_number(tmp_path):
     assert load(BookieConfig, overrides=["actor_cpus=0-1"]).actor_cpus == "0-1"
     with pytest.raises(ConfigError):
         load(BookieConfig, overrides=["actor_cpus=true"])
+
+
+# --- sections: tables, dotted keys and the flat names of API.md ---------------------------
+
+# API.md "Bookie configuration": every one of its keys that BookieConfig has.
+API_FLAT_KEYS = [
+    "bookie_id", "port", "http_port", "metadata_uri", "data_dir", "journal_dirs", "ledger_dirs", "index_dirs",
+    "journal_write_data", "journal_sync_data", "journal_max_group_wait_ms", "journal_buffered_writes_threshold_bytes",
+    "journal_max_size_mb", "entry_log_size_limit_mb", "entry_log_write_buffer_bytes", "entry_log_per_ledger",
+    "flush_interval_ms", "gc_wait_time_ms", "minor_compaction_threshold", "minor_compaction_interval_s",
+    "major_compaction_threshold", "major_compaction_interval_s", "compaction_rate_bytes", "disk_usage_threshold",
+    "disk_usage_warn_threshold", "disk_check_interval_ms", "read_only_mode_enabled", "auto_fix_cookie",
+    "registration_ttl_s", "autorecovery_enabled", "lost_bookie_recovery_delay_s",
+    "open_ledger_rereplication_grace_period_s", "auditor_periodic_check_interval_s", "max_frame_bytes", "rack",
+    "curve_secret_key_file", "curve_authorized_keys_dir",
+]
+SECTIONS = [JournalConfig, EntryLogConfig, IndexConfig, GcConfig, DiskConfig, RecoveryConfig, CurveConfig, HttpConfig]
+
+
+def _get(cfg, canonical):
+    for part in canonical.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _other_value(value):
+    """A value of ``value``'s type that is not ``value``."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, tuple):
+        return ("/elsewhere",)
+    return "other"
+
+
+def _flat_to_canonical():
+    names = {}
+    for f in dataclasses.fields(BookieConfig):
+        section = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if section is None:
+            names[f.name] = f.name
+        else:
+            for sub, flat in type(section).FLAT.items():
+                names[flat] = f"{f.name}.{sub}"
+    return names
+
+
+def test_every_section_is_a_table_of_its_own_name_and_every_key_has_one_flat_name():
+    fields = {f.name: f for f in dataclasses.fields(BookieConfig)}
+    for section in SECTIONS:
+        assert section.TABLE in fields, section
+        assert set(section.FLAT) == {f.name for f in dataclasses.fields(section)}, section
+    flat = _flat_to_canonical()
+    assert len(flat) == len(dataclasses.fields(BookieConfig)) - len(SECTIONS) + sum(
+        len(s.FLAT) for s in SECTIONS), "two keys share a flat name"
+
+
+@pytest.mark.parametrize("flat", API_FLAT_KEYS)
+def test_every_api_flat_name_sets_its_sectioned_key(flat):
+    canonical = _flat_to_canonical()[flat]
+    value = _other_value(_get(BookieConfig(), canonical))
+    assert _get(build(BookieConfig, {flat: value}), canonical) == value
+    assert _get(load(BookieConfig, overrides=[f"{canonical}={_toml(value)}"]), canonical) == value
+    assert _get(load(BookieConfig, overrides=[f"{flat}={_toml(value)}"]), canonical) == value
+
+
+def _toml(value):
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    return str(value)
+
+
+def test_toml_tables_and_flat_keys(tmp_path):
+    f = tmp_path / "bookie.toml"
+    f.write_text('port = 4000\ngc_wait_time_ms = 5000\n\n[journal]\nsync_data = false\nmax_group_wait_ms = 1.5\n\n'
+                 '[entry_log]\nper_ledger = true\n\n[http]\nport = 9000\n\n[autorecovery]\nenabled = true\n'
+                 'replicator_workers = 3\n')
+    cfg = load(BookieConfig, path=str(f))
+    assert (cfg.port, cfg.http.port) == (4000, 9000)
+    assert cfg.journal == JournalConfig(sync_data=False, max_group_wait_ms=1.5)
+    assert cfg.entry_log.per_ledger is True
+    assert cfg.gc.wait_time_ms == 5000
+    assert (cfg.autorecovery.enabled, cfg.autorecovery.replicator_workers) == (True, 3)
+    assert cfg.index == IndexConfig()  # untouched sections keep their defaults
+
+
+def test_dotted_toml_keys_and_the_bookie_table(tmp_path):
+    f = tmp_path / "bookie.toml"
+    f.write_text('journal.sync_data = false\n[bookie]\nport = 4100\n[bookie.disk]\nusage_threshold = 0.5\n'
+                 'usage_warn_threshold = 0.4\n')
+    cfg = load(BookieConfig, path=str(f))
+    assert (cfg.journal.sync_data, cfg.port, cfg.disk.usage_threshold) == (False, 4100, 0.5)
+
+
+def test_set_takes_table_dot_key():
+    cfg = load(BookieConfig, overrides=["journal.sync_data=false", "gc.wait_time_ms=7", "http.bind_address=127.0.0.2",
+                                        "curve.secret_key_file=/k"])
+    assert cfg.journal.sync_data is False
+    assert cfg.gc.wait_time_ms == 7
+    assert cfg.http.bind_address == "127.0.0.2"
+    assert cfg.curve.secret_key_file == "/k"
+
+
+@pytest.mark.parametrize("items", [
+    ["journal_sync_data=false", "journal.sync_data=true"],
+    ["journal.sync_data=true", "journal_sync_data=false"],
+])
+def test_one_key_two_ways_on_the_command_line_is_an_error_naming_both(items):
+    with pytest.raises(ConfigError, match=r"'journal[._]sync_data' and 'journal[._]sync_data' are the same key"):
+        load(BookieConfig, overrides=items)
+
+
+@pytest.mark.parametrize("text", [
+    "journal_sync_data = false\n[journal]\nsync_data = true\n",
+    "http_port = 1\n[http]\nport = 2\n",
+    "port = 1\n[bookie]\nport = 2\n",
+    "flush_interval_ms = 1\n[bookie.index]\nflush_interval_ms = 2\n",
+])
+def test_one_key_two_ways_in_a_file_is_an_error_naming_both(tmp_path, text):
+    f = tmp_path / "bookie.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=r"'\S+' and '\S+' are the same key") as e:
+        load(BookieConfig, path=str(f))
+    assert str(f) in str(e.value)
+
+
+def test_a_later_source_overrides_a_key_given_another_way(tmp_path):
+    f = tmp_path / "bookie.toml"
+    f.write_text("[journal]\nsync_data = true\n[http]\nport = 9000\n")
+    cfg = load(BookieConfig, path=str(f), overrides=["journal_sync_data=false"], explicit={"http_port": 9100})
+    assert (cfg.journal.sync_data, cfg.http.port) == (False, 9100)
+
+
+@pytest.mark.parametrize("item, near", [
+    ("journal.sync_dta=false", "journal.sync_data"),
+    ("jornal_sync_data=false", "journal_sync_data"),
+    ("jornal.sync_data=false", "journal.sync_data"),
+    ("gc.wait_time=5", "gc.wait_time_ms"),
+    ("entry_log.flush_entry_log_bytes=5", "flush_entry_log_bytes"),
+])
+def test_unknown_keys_name_the_nearest_flat_and_dotted_names(item, near):
+    with pytest.raises(ConfigError, match=f"unknown key .*did you mean .*{re.escape(near)}"):
+        load(BookieConfig, overrides=[item])
+
+
+def test_unknown_key_in_a_table_names_the_nearest(tmp_path):
+    f = tmp_path / "bookie.toml"
+    f.write_text("[index]\nflush_interval = 5\n")
+    with pytest.raises(ConfigError, match="unknown key 'index.flush_interval'.*index.flush_interval_ms"):
+        load(BookieConfig, path=str(f))
+
+
+@pytest.mark.parametrize("item", ["journal=5", "gc=true", 'http="x"'])
+def test_a_table_given_a_value_is_rejected(item):
+    with pytest.raises(ConfigError, match="is a table"):
+        load(BookieConfig, overrides=[item])
+
+
+@pytest.mark.parametrize("item", ["journal.sync_data=maybe", "gc.wait_time_ms=soon", "journal_max_size_mb=1.5"])
+def test_wrong_types_in_sections_are_rejected(item):
+    with pytest.raises(ConfigError, match="expects"):
+        load(BookieConfig, overrides=[item])
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"journal_max_group_wait_ms": -1}, r"journal\.max_group_wait_ms \(journal_max_group_wait_ms\)"),
+    ({"entry_log_size_limit_mb": 0}, r"entry_log\.size_limit_mb \(entry_log_size_limit_mb\)"),
+    ({"ledger_cache_bytes_max": 0}, r"index\.cache_bytes_max \(ledger_cache_bytes_max\)"),
+    ({"gc_wait_time_ms": 0}, r"gc\.wait_time_ms \(gc_wait_time_ms\)"),
+    ({"disk_check_interval_ms": 0}, r"disk\.check_interval_ms \(disk_check_interval_ms\)"),
+    ({"replicator_workers": 0}, r"autorecovery\.replicator_workers \(replicator_workers\)"),
+    ({"curve_authorized_keys_dir": "/d"}, r"curve\.secret_key_file \(curve_secret_key_file\)"),
+    ({"http_port": 70000}, r"http\.port \(http_port\)"),
+])
+def test_each_section_validates_and_names_the_key_both_ways(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        _base(**kw).validate()
+
+
+def test_sections_are_frozen():
+    cfg = _base().validate()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.journal.sync_data = False  # type: ignore[misc]
+
+
+def test_autorecovery_shares_the_bookies_section():
+    ar = load(AutoRecoveryConfig, overrides=["metadata_uri=sqlite:///m.db", "replicator_workers=4",
+                                             "autorecovery.lost_bookie_recovery_delay_s=7"]).validate()
+    assert ar.autorecovery == RecoveryConfig(replicator_workers=4, lost_bookie_recovery_delay_s=7.0)
+    for item in ("autorecovery_enabled=true", "autorecovery.enabled=true"):
+        with pytest.raises(ConfigError, match="enabled': a bookie's key"):
+            load(AutoRecoveryConfig, overrides=[item])
+    bookie = _base(autorecovery_enabled=True, replicator_workers=3, replication_rate_bytes=1000,
+                   admin_token="t", http_bind_address="127.0.0.3").validate()
+    embedded = bookie.autorecovery_config(http_port=8123)
+    assert embedded.autorecovery is bookie.autorecovery
+    assert (embedded.http_port, embedded.http_bind_address, embedded.admin_token) == (8123, "127.0.0.3", "t")
+    assert embedded.lease_ttl_s == bookie.registration_ttl_s
+
+
+def test_with_settings_checks_names_and_types():
+    base = ClientConfig(add_timeout_ms=100, read_timeout_ms=200)
+    assert with_settings(base, {"add_timeout_ms": 300}, source="t") == ClientConfig(add_timeout_ms=300,
+                                                                                    read_timeout_ms=200)
+    with pytest.raises(ConfigError, match="unknown keyword 'add_timeout'; did you mean add_timeout_ms"):
+        with_settings(base, {"add_timeout": 1}, source="t")
+    with pytest.raises(ConfigError, match="unknown keyword 'zzz'; did you mean "):
+        with_settings(base, {"zzz": 1}, source="t")  # far from every name: still the nearest one
+    for bad in ("300", True, 1.5, None):
+        with pytest.raises(ConfigError, match="expects int"):
+            with_settings(base, {"add_timeout_ms": bad}, source="t")
+
+
+OPERATIONS_MD = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOC_TYPES = {bool: "bool", int: "int", float: "float", str: "string"}
+
+
+def _doc_table(heading: str) -> dict[str, list[str]]:
+    """The rows of the table under ``### heading`` in docs/operations.md, by their key."""
+    text = OPERATIONS_MD.read_text()
+    start = text.index(f"\n### {heading}\n")
+    end = text.find("\n### ", start + 1)
+    rows = {}
+    for line in text[start:end].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `"):
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def _check_doc_cells(where: str, value: object, type_cell: str, default_cell: str) -> None:
+    if isinstance(value, tuple):
+        assert type_cell == "list of strings", where
+        return
+    assert type_cell == DOC_TYPES[type(value)], where
+    if isinstance(value, bool):
+        assert default_cell == str(value).lower(), where
+    elif isinstance(value, (int, float)):
+        assert float(default_cell) == value, where
+
+
+def test_operations_doc_has_a_table_per_section_with_every_key_its_type_and_default():
+    defaults = BookieConfig()
+    top = _doc_table("Top level")
+    sections = {f.name for f in dataclasses.fields(BookieConfig) if f.name in {s.TABLE for s in SECTIONS}}
+    top_keys = [f.name for f in dataclasses.fields(BookieConfig) if f.name not in sections]
+    assert sorted(top) == sorted(top_keys)
+    for key in top_keys:
+        value = getattr(defaults, key)
+        if value not in ("", ()):  # derived or required: described in words
+            _check_doc_cells(key, value, top[key][0], top[key][1])
+    for section in SECTIONS:
+        rows = _doc_table(f"`[{section.TABLE}]`")
+        assert sorted(rows) == sorted(section.FLAT), section.TABLE
+        for key, flat in section.FLAT.items():
+            flat_cell, type_cell, default_cell = rows[key][:3]
+            assert flat_cell == f"`{flat}`", (section.TABLE, key)
+            value = getattr(getattr(defaults, section.TABLE), key)
+            if value != "":
+                _check_doc_cells(f"{section.TABLE}.{key}", value, type_cell, default_cell)

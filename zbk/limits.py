@@ -32,6 +32,7 @@ server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledge
 server_held_adds_max = 1024  # requests
 server_held_add_bytes_max = 64 * 1024 * 1024  # entry bytes of the held requests
 server_held_index_entries_max = 4096  # index updates the Server holds before sending them (server.py)
+server_admin_answer_wait_s = 5.0  # an admin HTTP handler waits this long for the Server's answer (bookie/admin.py)
 
 # A ledger holds at most 2**32 entries. Index files are sparse fixed-size slots by entry id,
 # so an unbounded id from a damaged or hostile request would mean a multi-terabyte file.
@@ -65,7 +66,7 @@ ledger_cache_bytes_max_default = 64 * 1024 * 1024  # index pages held in memory
 # Index file descriptors a bookie keeps open (LRU; BookKeeper's openFileLimit is 20,000): a
 # checkpoint of 10,000 ledgers re-opened 9,000 files each time with 1,024 (issue #8). 16,000
 # fits beside fds_reserved under a limit of 20,000; the bookie takes fewer (and says so)
-# when its descriptor limit is lower (zbk/actors/bookie.py, _index_files_open_max).
+# when its descriptor limit is lower (zbk/bookie/boot.py, _index_files_open_max).
 index_files_open_max_default = 16_000
 fds_reserved = 1024  # descriptors left for sockets, logs, journal, metadata store, HTTP
 index_page_entries = 1024  # slots per index page

@@ -1,5 +1,5 @@
 """The actor simulation itself (tests/helpers/actorsim.py): its crash model, and its boot
-against the bookie's own (zbk/actors/bookie.py), so that the two cannot drift apart."""
+against the bookie's own (zbk/bookie/boot.py), so that the two cannot drift apart."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from helpers.actorsim import (
     publish_limbo_marks,
 )
 
-from zbk.actors.bookie import Bookie
-from zbk.config import BookieConfig
+from zbk.bookie.boot import BookieBoot
+from zbk.config import BookieConfig, EntryLogConfig, JournalConfig
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.memory import MemoryMetadataStore
 from zbk.metadata.registry import LedgerStore
@@ -126,7 +126,7 @@ def _bookie_state(states: dict[int, Any], cache: Any) -> dict[int, tuple[Any, ..
 def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data: bool) -> None:
     """A bookie killed in the middle of adds, fences, explicit LACs and checkpoints, booted
     twice from copies of what survived: by the simulation (open_storage, phase_one,
-    publish_limbo_marks, ledger_states) and by zbk's Bookie.boot. The Server would start
+    publish_limbo_marks, ledger_states) and by zbk's BookieBoot.boot. The Server would start
     with the same state, the index holds the same entries, the same repair marks appear."""
     acked: set[tuple[int, int]] = set()
     sim = Sim(tmp_path / "run", random.Random(7), acked,
@@ -156,7 +156,7 @@ def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data:
         if who == "simulation":
             disk = SimDisk()
             st = open_storage(root, BookieSettings(journal_write_data=journal_write_data), disk)
-            # A brand-new cookie: Bookie.boot runs phase one (as for a replaced disk).
+            # A brand-new cookie: BookieBoot.boot runs phase one (as for a replaced disk).
             report[who] = (st.unclean, st.replayed, phase_one(st.cache, store, ME))
             publish_limbo_marks(st.cache, store, ME)
             states[who] = _bookie_state(ledger_states(st.cache, st.logs), st.cache)
@@ -164,9 +164,10 @@ def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data:
                 close()
         else:
             cfg = BookieConfig(bookie_id=ME, data_dir=str(root), metadata_uri=store.uri,
-                               journal_write_data=journal_write_data, journal_max_size_mb=1,
-                               journal_pre_alloc_size_mb=0, entry_log_size_limit_mb=1)
-            bookie = Bookie(cfg, store=store)
+                               journal=JournalConfig(write_data=journal_write_data, max_size_mb=1,
+                                                     pre_alloc_size_mb=0),
+                               entry_log=EntryLogConfig(size_limit_mb=1))
+            bookie = BookieBoot(cfg, store=store)
             r = bookie.boot()
             assert r.cookie_fixed
             report[who] = (r.unclean, r.replayed_records, r.phase_one_ledgers)

@@ -25,13 +25,12 @@ import pytest
 from helpers.actorsim import MK, T0, BookieSettings, Sim, SimDisk, Storage, blob
 from prometheus_client import REGISTRY
 
-from zbk.actors.base import ListOutbox
+from zbk.actors.base import ListOutbox, Outbox
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import (
     MINOR,
     GcCore,
     GcSettings,
-    GcStateFile,
     compaction_candidates,
     dead_logs,
     deleted_ledgers,
@@ -61,6 +60,7 @@ from zbk.actors.messages import (
 from zbk.actors.server import LedgerState, PendingAdd, ServerCore
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import OFFSET_BITS, RECORD_HEADER_BYTES, EntryLogWriter, make_location, scan_file
+from zbk.storage.gcstate import GcStateFile
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response
@@ -102,10 +102,9 @@ class Driver:
         self.calls: list[str] = []
         self.allowed = allowed
         self.state = state or MemState()
-        self.core = GcCore(settings(**kw), list_ledger_ids=self._list, state=self.state,
-                           suspect_below=suspect_below, compaction_allowed=lambda: self.allowed)
         self.out = ListOutbox()
-        self.core.outbox = self.out
+        self.core = GcCore(settings(**kw), outbox=self.out, list_ledger_ids=self._list, state=self.state,
+                           suspect_below=suspect_below, compaction_allowed=lambda: self.allowed)
         self.now = T0
         self.core.on_tick(self.now)  # starts the schedule
 
@@ -396,14 +395,13 @@ def test_gc_state_file_round_trip_and_damage(tmp_path: Path) -> None:
 def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -> None:
     xdir = str(tmp_path / "index")
     cache = LedgerCache([xdir])
-    core = IndexCore(cache, flush_interval_s=10.0, persist_mark=lambda mark: None)
     out = ListOutbox()
-    core.outbox = out
+    core = IndexCore(cache, outbox=out, flush_interval_s=10.0, persist_mark=lambda mark: None)
     a, b, c, x = (make_location(1, 100), make_location(1, 200), make_location(2, 24), make_location(2, 48))
-    core.on_message(IndexPut(7, [0, 1], [a, b]), T0)
+    core.on_message(IndexPut([7, 7], [0, 1], [a, b]), T0)
     core.on_message(LiveCheck(5, [(7, 0, a), (7, 1, x), (8, 0, a)]), T0)
     assert out.take("entrylogger", LiveResult)[0].live == [True, False, False]
-    core.on_message(IndexPut(7, [1], [c]), T0)  # entry 1 re-added after it was copied
+    core.on_message(IndexPut([7], [1], [c]), T0)  # entry 1 re-added after it was copied
     new0, new1, new2 = make_location(3, 24), make_location(3, 64), make_location(3, 104)
     core.on_message(Relocate(5, [(7, 0, a, new0, 40), (7, 1, b, new1, 40), (8, 0, a, new2, 40)], 120, 120,
                              last=True), T0)
@@ -467,9 +465,8 @@ def _sealed_logs(tmp_path: Path, entries: int = 40,
 def test_entrylogger_compacts_in_chunks_and_copies_only_live_entries(tmp_path: Path) -> None:
     disk = CountingDisk()
     logs, blobs = _sealed_logs(tmp_path, disk=disk)
-    core = EntryLoggerCore(logs)
     out = SnoopingOutbox(logs, disk, str(tmp_path / "ledgers"))
-    core.outbox = out
+    core = EntryLoggerCore(logs, outbox=out)
     core.on_message(LogStatsRequest(1), T0)
     stats = out.take("gc", LogStats)[0]
     assert stats.unflushed == [] and len(stats.usage) >= 3
@@ -516,9 +513,8 @@ def test_entrylogger_reports_a_corrupt_log_and_keeps_it(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[500] ^= 0xFF  # bit rot inside the records of a sealed log
     path.write_bytes(bytes(data))
-    core = EntryLoggerCore(logs)
     out = ListOutbox()
-    core.outbox = out
+    core = EntryLoggerCore(logs, outbox=out)
     core.on_message(CompactLog(4, victim), T0)
     for _ in range(20):
         core.on_message(CompactChunk(4, 200), T0)
@@ -534,8 +530,7 @@ def test_entrylogger_reports_a_corrupt_log_and_keeps_it(tmp_path: Path) -> None:
 def test_entrylogger_refuses_to_compact_an_open_log(tmp_path: Path) -> None:
     logs = EntryLogWriter([str(tmp_path / "ledgers")], size_limit_bytes=4096)
     logs.append(1, 0, b"x" * 10)
-    core = EntryLoggerCore(logs)
-    core.outbox = out = ListOutbox()
+    core = EntryLoggerCore(logs, outbox=(out := ListOutbox()))
     core.on_message(CompactLog(2, logs.active_log_ids()[0]), T0)
     end = out.take("server", Relocate)[0]
     assert end.last and "not a sealed log" in end.error and core.compaction is None
@@ -546,10 +541,10 @@ def test_entrylogger_refuses_to_compact_an_open_log(tmp_path: Path) -> None:
 
 def test_server_drops_deleted_ledgers_and_forwards_gc_messages() -> None:
     replies: list[Any] = []
-    server = ServerCore(ledgers={1: LedgerState(), 2: LedgerState(), 3: LedgerState()}, journal_write_data=True,
-                        max_frame_bytes=1 << 20, reply=lambda _i, frames: replies.append(decode_response(frames)))
     out = ListOutbox()
-    server.outbox = out
+    server = ServerCore(ledgers={1: LedgerState(), 2: LedgerState(), 3: LedgerState()}, journal_write_data=True,
+                        max_frame_bytes=1 << 20, reply=lambda _i, frames: replies.append(decode_response(frames)),
+                        outbox=out)
     server.adds[99] = PendingAdd(b"c", 1, 3, [0], -1, T0, True)  # an add to ledger 3 in flight
     poll = w.ReadRequest(rid=7, ledger_id=1, first_entry_id=0, flags=w.ReadFlag.LONG_POLL, previous_lac=5,
                          timeout_ms=10_000)
@@ -586,10 +581,10 @@ class GcBookie:
         self.disk = SimDisk()
         self.state = GcStateFile(str(root / "ledgers"), disk=self.disk)
 
-        def make_gc(storage: Storage) -> GcCore:
+        def make_gc(storage: Storage, outbox: Outbox) -> GcCore:
             return GcCore(settings(gc_wait_s=0.5, minor_threshold=0.75, minor_interval_s=1.0, major_threshold=0.9,
                                    major_interval_s=1e6, rate_bytes_per_s=100_000.0),
-                          list_ledger_ids=lambda: set(self.metadata), state=self.state,
+                          outbox=outbox, list_ledger_ids=lambda: set(self.metadata), state=self.state,
                           suspect_below=storage.logs.least_unflushed_log_id())
 
         self.sim = Sim(root, rng, acked, settings=SETTINGS, gc=make_gc, disk=self.disk)

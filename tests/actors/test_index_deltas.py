@@ -1,4 +1,4 @@
-"""Index deltas (zbk/storage/ledgercache.py) in a whole bookie's cores.
+"""Index deltas (zbk/storage/ledgerpages.py) in a whole bookie's cores.
 
 MULTI_ADD over many ledgers whose index pages are in their files but not in the cache (a
 small cache, and every boot starts with none): their puts are deltas, and checkpoints write

@@ -41,10 +41,10 @@ def add(lid: int, eid: int, rid: int) -> list[bytes]:
 
 def server() -> tuple[ServerCore, ListOutbox, list[Any]]:
     replies: list[Any] = []
-    core = ServerCore(ledgers={1: LedgerState(master_key=KEY)}, journal_write_data=True, max_frame_bytes=1 << 20,
-                      reply=lambda ident, frames: replies.append(decode_response([bytes(f) for f in frames])))
     out = ListOutbox()
-    core.outbox = out
+    core = ServerCore(ledgers={1: LedgerState(master_key=KEY)}, journal_write_data=True, max_frame_bytes=1 << 20,
+                      reply=lambda ident, frames: replies.append(decode_response([bytes(f) for f in frames])),
+                      outbox=out)
     return core, out, replies
 
 
@@ -75,19 +75,18 @@ def test_held_adds_are_bounded_beyond_which_they_are_refused(monkeypatch: Any) -
 
 def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(tmp_path: Path) -> None:
     cache = LedgerCache([str(tmp_path)], bytes_max=4 * PAGE_BYTES)
-    core = IndexCore(cache, flush_interval_s=3600.0, persist_mark=lambda mark: None)
     out = ListOutbox()
-    core.outbox = out
+    core = IndexCore(cache, outbox=out, flush_interval_s=3600.0, persist_mark=lambda mark: None)
     lid = 0
     # One new ledger with one entry = a new-page delta of one slot (LedgerCache, "New pages").
     per_ledger = DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
     while not out.take(dest="server", kind=IndexPressure):
         lid += 1
-        core.on_message(IndexPut(lid, [0], [lid * 100]), 0.0)
+        core.on_message(IndexPut([lid], [0], [lid * 100]), 0.0)
         assert lid <= 2 * cache.bytes_max // per_ledger + 1, "no pressure although dirty bytes passed twice the bound"
     assert cache.dirty_bytes >= 2 * cache.bytes_max
     assert len(out.take(dest="entrylogger", kind=StartCheckpoint)) == 1, "a checkpoint is already on its way"
-    core.on_message(IndexPut(lid + 1, [0], [1]), 0.0)  # more puts while the checkpoint runs
+    core.on_message(IndexPut([lid + 1], [0], [1]), 0.0)  # more puts while the checkpoint runs
     assert out.take(dest="server", kind=IndexPressure) == [], "sent once"
     core.on_message(Checkpoint(core.cp_in_flight or 0, (0, 0)), 1.0)
     assert [p.on for p in out.take(dest="server", kind=IndexPressure)] == [False]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from zbk.actors.base import ListOutbox
+from zbk.actors.base import ListOutbox, Reply
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
@@ -44,10 +44,12 @@ def part(lid: int, eids: range, key: bytes = KEY, flags: AddFlag = PLAIN) -> w.A
     return w.AddRequest(rid=0, ledger_id=lid, master_key=key, flags=flags, entries=[blob(lid, e) for e in eids])
 
 
-def make(**kw: Any) -> tuple[ServerCore, ListOutbox, list[tuple[bytes, list[Status]]]]:
+def make(reply: Reply | None = None, **kw: Any) -> tuple[ServerCore, ListOutbox, list[tuple[bytes, list[Status]]]]:
+    """A Server with ledgers 1 (plain), 2 (fenced) and 3 (limbo). Its replies are MULTI_ADD
+    statuses, collected in the list returned, unless ``reply`` takes them."""
     replies: list[tuple[bytes, list[Status]]] = []
 
-    def reply(ident: bytes, frames: list[Any]) -> None:
+    def statuses(ident: bytes, frames: list[Any]) -> None:
         resp = decode_response([bytes(f) for f in frames])
         assert isinstance(resp, w.MultiAddResponse)
         replies.append((ident, list(resp.statuses)))
@@ -57,10 +59,9 @@ def make(**kw: Any) -> tuple[ServerCore, ListOutbox, list[tuple[bytes, list[Stat
         2: LedgerState(master_key=KEY, fenced=True),
         3: LedgerState(master_key=KEY, fenced=True, limbo=True),  # BP-46 phase one
     }
-    core = ServerCore(ledgers=ledgers, journal_write_data=True, max_frame_bytes=1 << 20,
-                      reply=reply, **kw)
     out = ListOutbox()
-    core.outbox = out
+    core = ServerCore(ledgers=ledgers, journal_write_data=True, max_frame_bytes=1 << 20,
+                      reply=reply or statuses, outbox=out, **kw)
     return core, out, replies
 
 
@@ -89,7 +90,7 @@ def test_parts_get_their_own_status_and_the_accepted_ones_travel_as_one_batch():
     assert ab.ledger_ids == [1, 1, 1, 3, 3, 9, 9] and ab.entry_ids == [0, 1, 2, 0, 1, 5, 6]
     assert metas[0].batch_id == ab.batch_id
 
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, 8)), ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, list(range(1, 8))), 0.0)
     assert replies == []  # located, not yet fsynced
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)  # the master key and the entries, one commit
     assert len(replies) == 1
@@ -108,7 +109,7 @@ def test_a_failed_append_fails_every_accepted_part_and_nothing_is_indexed():
     core, out, replies = make()
     multi(core, [part(1, range(0, 2)), part(2, range(0, 1)), part(4, range(0, 1))])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [], error="disk on fire", ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [], error="disk on fire"), 0.0)
     core.on_tick(0.05)
     assert out.take("index", IndexPut) == []
     assert replies[0][1] == [Status.EIO, Status.EFENCED, Status.EIO]
@@ -130,7 +131,7 @@ def test_pending_bounds_refuse_parts_with_too_many_requests():
     multi(core, [part(1, range(0, 1)), part(4, range(0, 1)), part(5, range(0, 1))])
     ab = out.take("entrylogger", AppendBatch)[0]
     assert ab.ledger_ids == [1, 4]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
     assert replies[0][1] == [Status.EOK, Status.EOK, Status.ETOOMANYREQUESTS]
     assert 5 not in core.ledgers
@@ -144,12 +145,11 @@ def test_pending_bounds_refuse_parts_with_too_many_requests():
 
 def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     logs = EntryLogWriter([str(tmp_path / "ledgers")])
-    el = EntryLoggerCore(logs)
     el_out = ListOutbox()
-    el.outbox = el_out
+    el = EntryLoggerCore(logs, outbox=el_out)
     lids, eids = [1, 1, 7, 9], [0, 1, 0, 4]
     blobs = [blob(lid, eid) for lid, eid in zip(lids, eids, strict=True)]
-    el.on_message(AppendBatch(5, -1, eids, blobs, True, lids), 0.0)
+    el.on_message(AppendBatch(5, lids, eids, blobs, True), 0.0)
     ja = el_out.take("journal", JournalAppend)[0]
     appended = el_out.take("server", Appended)[0]
     assert ja.ledger_ids == lids and appended.ledger_ids == lids and len(appended.locations) == 4
@@ -157,9 +157,8 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
         assert bytes(logs.read(loc, lid, eid)) == b
 
     jw = JournalWriter(str(tmp_path / "journal"))
-    jc = JournalCore(jw, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     jc_out = ListOutbox()
-    jc.outbox = jc_out
+    jc = JournalCore(jw, outbox=jc_out, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     jc.on_message(ja, 0.0)
     jc.commit()
     assert jc_out.take("server", Synced)[0].batch_ids == [5]
@@ -169,9 +168,8 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     assert recs == list(zip(lids, eids, blobs, strict=True))
 
     cache = LedgerCache([str(tmp_path / "index")])
-    ic = IndexCore(cache, flush_interval_s=60, persist_mark=lambda mark: None)
-    ic.outbox = ListOutbox()
-    ic.on_message(IndexPut(-1, eids, appended.locations, lids), 0.0)
+    ic = IndexCore(cache, outbox=ListOutbox(), flush_interval_s=60, persist_mark=lambda mark: None)
+    ic.on_message(IndexPut(lids, eids, appended.locations), 0.0)
     assert [cache.get(lid, eid) for lid, eid in zip(lids, eids, strict=True)] == appended.locations
     logs.close()
 
@@ -180,9 +178,9 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
     """The master-key record and the entries' records reach the journal separately and can
     be fsynced by different group commits: the Synced of the first alone is not enough."""
     for request in ("add", "multi"):
-        core, out, replies = make()
         acks: list[Any] = []
-        core.reply = lambda ident, frames, acks=acks: acks.append(decode_response([bytes(f) for f in frames]))
+        core, out, replies = make(reply=lambda ident, frames, acks=acks: acks.append(
+            decode_response([bytes(f) for f in frames])))
         if request == "add":
             core.on_request(b"peer", encode(w.AddRequest(rid=7, ledger_id=20, master_key=KEY, flags=PLAIN,
                                                          entries=[blob(20, 0)])), 0.0)
@@ -191,8 +189,7 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
         meta = out.take("journal", JournalMeta)[0]
         ab = out.take("entrylogger", AppendBatch)[0]
         core.on_message(Synced([meta.batch_id]), 0.0)  # a commit that held only the master key
-        core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1] * len(ab.entry_ids),
-                                 ledger_ids=ab.ledger_ids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1] * len(ab.entry_ids)), 0.0)
         assert acks == [], request  # indexed, master key durable, entries not yet fsynced
         core.on_message(Synced([ab.batch_id]), 0.0)
         assert len(acks) == 1 and acks[0].rid == 7, request
@@ -201,7 +198,7 @@ def test_a_new_ledgers_add_waits_for_the_sync_of_its_entries_not_only_of_its_mas
 def test_observe_many_is_n_observes_of_a_histogram():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from zbk.actors.server import _observe_many
+    from zbk.actors.serverbase import _observe_many
     from zbk.limits import LATENCY_BUCKETS
 
     def samples(h: Histogram) -> dict[tuple[str, str], float]:
@@ -227,13 +224,12 @@ def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
     from zbk.actors.messages import Checkpoint, CheckpointReady, Lookup
     from zbk.wire.codec import encode
 
-    core, out, _ = make()
-    core.reply = lambda ident, frames: None
+    core, out, _ = make(reply=lambda ident, frames: None)
     for eid in range(3):  # three one-entry adds to ledger 1, each located and fsynced
         core.on_request(b"peer", encode(w.AddRequest(rid=eid, ledger_id=1, master_key=KEY, flags=AddFlag(0),
                                                      entries=[blob(1, eid)])), 0.0)
         ab = out.take("entrylogger", AppendBatch)[0]
-        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [100 + eid]), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [100 + eid]), 0.0)
         core.on_message(Synced([ab.batch_id]), 0.0)
     assert out.take("index") == []  # held
     core.on_request(b"peer", encode(w.ReadRequest(rid=9, ledger_id=1, first_entry_id=0, count=3)), 0.0)
@@ -244,7 +240,7 @@ def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
     core.on_request(b"peer", encode(w.AddRequest(rid=5, ledger_id=1, master_key=KEY, flags=AddFlag(0),
                                                  entries=[blob(1, 3)])), 0.0)
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, [103]), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [103]), 0.0)
     core.on_message(CheckpointReady(1, (1, 500)), 0.0)
     sent = out.take("index")
     assert [type(m) for m in sent] == [IndexPut, Checkpoint] and sent[0].locations == [103]
@@ -256,8 +252,7 @@ def test_held_index_updates_go_out_at_the_bound():
     from zbk import limits
     from zbk.wire.codec import encode
 
-    core, out, _ = make()
-    core.reply = lambda ident, frames: None
+    core, out, _ = make(reply=lambda ident, frames: None)
     n = 0
     eid = 0
     while n < limits.server_held_index_entries_max:
@@ -266,7 +261,7 @@ def test_held_index_updates_go_out_at_the_bound():
                                                      entries=[blob(1, e) for e in eids])), 0.0)
         ab = out.take("entrylogger", AppendBatch)[0]
         assert out.take("index") == []
-        core.on_message(Appended(ab.batch_id, 1, ab.entry_ids, eids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, eids), 0.0)
         eid += 512
         n += 512
     puts = out.take("index", IndexPut)
@@ -296,13 +291,13 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
         cases.append(part(1, range(2, 4)))  # EOK
     alone: list[Status] = []
     for c in cases:
-        core, out, replies = make()
         acks: list[Any] = []
-        core.reply = lambda ident, frames, acks=acks: acks.append(decode_response([bytes(f) for f in frames]))
+        core, out, replies = make(reply=lambda ident, frames, acks=acks: acks.append(
+            decode_response([bytes(f) for f in frames])))
         core.on_request(b"peer", encode(w.AddRequest(rid=3, ledger_id=c.ledger_id, master_key=c.master_key,
                                                      flags=c.flags, entries=c.entries)), 0.0)
         for ab in out.take("entrylogger", AppendBatch):
-            core.on_message(Appended(ab.batch_id, ab.ledger_id, ab.entry_ids, [1], ledger_ids=ab.ledger_ids), 0.0)
+            core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1]), 0.0)
             core.on_message(Synced([ab.batch_id]), 0.0)
         alone.append(acks[0].status)
     assert alone == [Status.EOK, Status.EUA, Status.EBADREQ, Status.EBADREQ, Status.EFENCED, Status.EOK, Status.EOK,
@@ -313,8 +308,7 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
     ab = out.take("entrylogger", AppendBatch)[0]
     assert ab.ledger_ids == [1, 2, 1, *([1, 1] if mixed else [])]
     assert ab.entry_ids == [0, 0, 1, *([2, 3] if mixed else [])]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, list(range(1, len(ab.entry_ids) + 1)),
-                             ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, list(range(1, len(ab.entry_ids) + 1))), 0.0)
     assert replies == []  # the plain parts wait for the fsync
     core.on_message(Synced([ab.batch_id]), 0.0)
     assert replies[0][1] == alone
@@ -325,7 +319,7 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
     core, out, replies = make()
     multi(core, [part(1, range(0, 1), flags=AddFlag.DEFERRED_SYNC), part(1, range(1, 2), flags=AddFlag.DEFERRED_SYNC)])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
     assert replies and replies[0][1] == [Status.EOK, Status.EOK]
 
     # Read-only: every part refused, the fast path included.
@@ -350,7 +344,7 @@ def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it
     for eids, woken in ((range(1, 2), False), (range(2, 3), True)):  # LACs 0, then 1
         multi(core, [part(1, eids), part(4, range(0, 1))])
         ab = out.take("entrylogger", AppendBatch)[0]
-        core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2], ledger_ids=ab.ledger_ids), 0.0)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
         core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
         assert [lk.ledger_id for lk in out.take("index", Lookup)] == ([1] if woken else [])
         assert core.long_polls == (0 if woken else 1)
@@ -365,7 +359,7 @@ def test_ledgers_of_one_password_share_one_master_key_object():
     other = master_key(b"other")
     multi(core, [part(20, range(0, 1)), part(21, range(0, 1)), part(22, range(0, 1), key=other)])
     ab = out.take("entrylogger", AppendBatch)[0]
-    core.on_message(Appended(ab.batch_id, -1, ab.entry_ids, [1, 2, 3], ledger_ids=ab.ledger_ids), 0.0)
+    core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2, 3]), 0.0)
     core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
     assert replies[-1][1] == [Status.EOK] * 3
     states = core.ledgers
@@ -377,5 +371,5 @@ def test_ledgers_of_one_password_share_one_master_key_object():
 
     booted = ServerCore(ledgers={1: LedgerState(master_key=KEY[:1] + KEY[1:]), 2: LedgerState(master_key=KEY[:1] + KEY[1:]),
                                  3: LedgerState()}, journal_write_data=True, max_frame_bytes=1 << 20,
-                        reply=lambda ident, frames: None)
+                        reply=lambda ident, frames: None, outbox=ListOutbox())
     assert booted.ledgers[1].master_key is booted.ledgers[2].master_key and booted.ledgers[3].master_key is None

@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 import zmq
 
 from zbk.actors.base import SocketOutbox, drop_handoff, handoff_for, pipe_address, send_message
+from zbk.actors.messages import SetReadOnly
 
 
 def test_sending_to_a_stopped_actor_neither_blocks_nor_leaks() -> None:
@@ -16,7 +18,8 @@ def test_sending_to_a_stopped_actor_neither_blocks_nor_leaks() -> None:
     instance = f"t-{uuid.uuid4().hex[:8]}"
     pull = ctx.socket(zmq.PULL)
     pull.bind(pipe_address(instance, "server", "index"))
-    outbox = SocketOutbox(ctx, instance, "server", ["index"])
+    outbox = SocketOutbox(instance, "server", ["index"])
+    outbox.connect(ctx)
     handoff = handoff_for(instance)
     try:
         outbox.send("index", ("lookup", 1))
@@ -51,6 +54,32 @@ def test_sending_to_a_stopped_actor_neither_blocks_nor_leaks() -> None:
         ctx.term()
 
 
+def test_a_closed_outbox_drops_what_its_core_still_sends() -> None:
+    """A core fed after its loop stopped (ActorLoop.drain_inbound) keeps its outbox: once
+    closed, it drops messages; before, a destination it has no pipe to is a bug."""
+    ctx = zmq.Context()
+    instance = f"t-{uuid.uuid4().hex[:8]}"
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(pipe_address(instance, "index", "server"))
+    outbox = SocketOutbox(instance, "index", ["server"])
+    handoff = handoff_for(instance)
+    try:
+        with pytest.raises(KeyError):
+            outbox.send("server", "before connect")
+        outbox.connect(ctx)
+        with pytest.raises(KeyError):
+            outbox.send("gc", "not a peer")
+        assert len(handoff) == 0, "a refused message is not left parked"
+        outbox.close()
+        outbox.send("server", "after close")
+        assert len(handoff) == 0 and pull.poll(50) == 0, "sent after the close"
+    finally:
+        outbox.close()
+        pull.close(0)
+        drop_handoff(instance)
+        ctx.term()
+
+
 def test_admin_send_to_a_stopped_actor_does_not_block() -> None:
     ctx = zmq.Context()
     instance = f"t-{uuid.uuid4().hex[:8]}"
@@ -67,7 +96,7 @@ def test_admin_send_to_a_stopped_actor_does_not_block() -> None:
 
         def admin_sends() -> None:
             for _ in range(200):  # until the pipe is gone (see above); none of them may block
-                send_message(push, handoff, ("admin", "read_only", True))
+                send_message(push, handoff, SetReadOnly(True))
                 threading.Event().wait(0.005)
             done.set()
 

@@ -28,10 +28,8 @@ def _setup(tmp_path: Path, held: dict[int, list[int]]) -> tuple[IndexCore, Entry
                 where[(lid, eid)] = loc = logs.append(lid, eid, _blob(lid, eid))
                 cache.put(lid, eid, loc)
     out = ListOutbox()
-    index = IndexCore(cache, flush_interval_s=60, persist_mark=lambda _m: None)
-    index.outbox = out
-    el = EntryLoggerCore(logs)
-    el.outbox = out
+    index = IndexCore(cache, outbox=out, flush_interval_s=60, persist_mark=lambda _m: None)
+    el = EntryLoggerCore(logs, outbox=out)
     return index, el, out, where
 
 

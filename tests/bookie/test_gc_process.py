@@ -25,10 +25,10 @@ from collections.abc import Callable
 from helpers.bookie import BookieProcess
 from helpers.wait import wait_until
 
-from zbk.actors.gc import GcStateFile
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.uri import open_store
+from zbk.storage.gcstate import GcStateFile
 from zbk.wire.status import Status
 
 from .util import PASSWORD, add, check_payloads, read

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from helpers.procs import free_port
 
-import zbk.actors.bookie as bookie_module
-from zbk.actors.bookie import Bookie
-from zbk.config import BookieConfig
+import zbk.bookie.registration as bookie_module
+from zbk.bookie.process import Bookie
+from zbk.config import BookieConfig, HttpConfig
 from zbk.metadata import layout
 from zbk.metadata.uri import open_store
 
@@ -30,7 +30,7 @@ def test_a_lease_that_expired_before_the_registration_is_replaced(tmp_path: Path
 
     monkeypatch.setattr(bookie_module, "register_bookie", first_lease_expires)
     cfg = BookieConfig(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path / "bookie"),
-                       port=free_port(), http_port=free_port(), registration_ttl_s=2)
+                       port=free_port(), http=HttpConfig(port=free_port()), registration_ttl_s=2)
     bk = Bookie(cfg)
     bk.start()
     store = open_store(cfg.metadata_uri)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers.procs import free_port
 
-from zbk.actors.bookie import Bookie
-from zbk.config import BookieConfig
+from zbk.bookie.process import Bookie
+from zbk.config import BookieConfig, HttpConfig
 from zbk.osthread import name_current_thread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_NAME) is Linux's")
@@ -54,7 +54,7 @@ def test_name_current_thread_sets_and_cuts_the_kernel_name() -> None:
 
 def test_a_bookies_actor_threads_are_named(tmp_path: Path) -> None:
     cfg = BookieConfig(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path / "bookie"),
-                       port=free_port(), http_port=free_port())
+                       port=free_port(), http=HttpConfig(port=free_port()))
     bk = Bookie(cfg)
     bk.start()
     try:
@@ -70,7 +70,7 @@ def test_actor_cpus_confines_the_actor_threads_only(tmp_path: Path) -> None:
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed)
     cfg = BookieConfig(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path / "bookie"),
-                       port=free_port(), http_port=free_port(), actor_cpus=str(cpu))
+                       port=free_port(), http=HttpConfig(port=free_port()), actor_cpus=str(cpu))
     bk = Bookie(cfg)
     bk.start()
     try:

@@ -11,6 +11,8 @@
 3. ``persistence``: for each ledger, closed at or after its last acknowledged entry; every
    entry up to the close readable with the writer's bytes; the closed length the sum of
    their sizes; nothing a tailing reader saw beyond the close.
+4. ``judge_history``: the history the workload recorded, against the final state read back
+   now, by the history checker (tests/faults/checker.py), which trusts nothing above.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
+
+from faults.checker import CheckResult, check
+from faults.history import History
+from faults.recorded import final_state
 
 from chaos.workload import PASSWORD, LedgerRecord, payload
 from zbk.client.bookkeeper import AsyncBookKeeper
@@ -265,3 +272,12 @@ async def persistence(bk: AsyncBookKeeper, seed: int, records: dict[int, LedgerR
             res.problems.append(f"ledger {lid}: closed length {md.length}, entries 0..{md.last_entry_id} "
                                 f"hold {length} bytes")
     return res
+
+
+async def judge_history(bk: AsyncBookKeeper, history_path: Path, final_path: Path) -> CheckResult:
+    """The history checker's verdicts on the recorded history; the final state it was
+    judged against is saved beside it, so ``python -m tests.faults.checker`` replays them."""
+    history = History.load([history_path])
+    final = await final_state(bk, history.ledgers(), password=PASSWORD)
+    final.save(final_path)
+    return check(history, final)

@@ -1,4 +1,4 @@
-"""The chaos run of issue #9: one function, :func:`run_chaos`, used by the CI test
+"""The chaos run: one function, :func:`run_chaos`, used by the CI test
 (tests/chaos/test_chaos.py) and by long runs (bench/chaos.py). docs/chaos.md has the why.
 
 Phases:
@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from faults.history import HistoryRecorder
 
 from chaos import checks
 from chaos.cluster import UNCLEAN_REPAIRS, ChaosCluster, ClusterSettings, Findings
@@ -79,6 +81,8 @@ class ChaosReport:
     time_to_full_replication_s: float | None = None
     replication: str = ""
     persistence_problems: list[str] = field(default_factory=list)
+    checker: str = ""  # the history checker's verdicts (history.jsonl against final.json; verdicts.txt)
+    checker_red: list[str] = field(default_factory=list)  # a red property each, with its first counterexample
     violations: list[str] = field(default_factory=list)
     client_errors: list[str] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -97,7 +101,7 @@ class ChaosReport:
             out.append("the final checks did not run to the end")
         if self.heal_error:
             out.append(f"the cluster did not heal: {self.heal_error}")
-        out += self.persistence_problems + self.violations + self.client_errors + self.unexpected_exits
+        out += self.persistence_problems + self.checker_red + self.violations + self.client_errors + self.unexpected_exits
         out += self.log_exceptions
         if self.time_to_full_replication_s is None:
             out.append(f"not fully replicated after the settle time: {self.replication}")
@@ -129,7 +133,8 @@ class ChaosReport:
                  f"{'closed lacking (BP-46): found / fixed':<38}{self.closed_lacking:>9}  / "
                  f"{self.unclean_repaired:.0f} ledgers (after unclean journal-off boots)",
                  f"{'time to full replication':<38}{full:>9}"
-                 "  (after the faults stopped)"]
+                 "  (after the faults stopped)",
+                 f"{'history checker':<38}{self.checker or 'DID NOT RUN':>9}"]
         if t is None:
             rows.append(f"  still: {self.replication}")
         fails = self.failures()
@@ -182,6 +187,7 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
     findings = Findings()
     cluster = ChaosCluster(root, cfg.cluster, findings, log)
     workload: Workload | None = None
+    history = HistoryRecorder(root / "history.jsonl")
     changes_before = client_metrics.ENSEMBLE_CHANGES._value.get()
     try:
         cluster.start()
@@ -189,7 +195,8 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
         # The workload's own notes (failed recoveries and tails, client restarts) go to
         # clients.log beside the client library's lines (client_log routes "zbk.*" there).
         workload = Workload(cluster.uri, cfg.seed, writers=cfg.writers, readers=cfg.readers,
-                            rate_per_writer=cfg.rate_per_writer, log=logging.getLogger("zbk.chaos.workload").info)
+                            rate_per_writer=cfg.rate_per_writer, log=logging.getLogger("zbk.chaos.workload").info,
+                            history=history)
         workload.start()
         _inject(cluster, workload, plan, cfg.fault_s, report, log)
         t_faults_end = time.monotonic()
@@ -200,11 +207,13 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
             report.heal_error = f"{type(e).__name__}: {e}"
             log(f"chaos: the cluster did not heal: {report.heal_error}")
         workload.finish(120.0)
+        history.close()
         log(f"chaos: healed, writers done in {time.monotonic() - t_faults_end:.1f} s")
         asyncio.run(_settle_and_check(cfg, cluster, workload, report, t_faults_end, log))
     finally:
         if workload is not None:
             workload.finish(10.0)
+        history.close()
         try:
             _fill_report(report, cluster, workload, findings, changes_before)
         finally:
@@ -290,6 +299,11 @@ async def _settle_and_check(cfg: ChaosConfig, cluster: ChaosCluster, workload: W
         report.entries_lost = result.lost
         report.entries_read = result.entries_read
         report.persistence_problems = result.problems
+        verdicts = await checks.judge_history(bk, cluster.root / "history.jsonl", cluster.root / "final.json")
+        (cluster.root / "verdicts.txt").write_text(verdicts.table(limit=None) + "\n")
+        report.checker = ", ".join(f"{name} {'green' if v.ok else 'RED'}" for name, v in verdicts.verdicts.items())
+        report.checker_red = [f"history checker: {name} RED ({len(v.counterexamples)}): "
+                              f"{v.counterexamples[0].describe()}" for name, v in verdicts.verdicts.items() if not v.ok]
         report.checked = True
     except ZbkError as e:
         report.client_errors.append(f"final checks failed: {type(e).__name__}: {e}")

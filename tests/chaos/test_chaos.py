@@ -1,4 +1,4 @@
-"""The chaos run of issue #9 (docs/chaos.md), and quick checks of its seeded fault plan.
+"""The chaos run (docs/chaos.md), and quick checks of its seeded fault plan.
 
     .venv/bin/pytest tests/chaos -s                          # 3 minutes of faults, table printed
     ZBK_CHAOS_SEED=1234 .venv/bin/pytest tests/chaos -s      # replay a printed seed's faults

@@ -20,6 +20,9 @@ fresh ledger as its ``k``-th append; the client must confirm it as entry id ``k`
 
 Every wait is bounded: appends that stay unconfirmed for ``STUCK_S`` and tails idle for
 ``TAIL_IDLE_S`` are abandoned and reported.
+
+Given a ``history`` (tests/faults/history.py), every create, append, close, recovery, open
+and tail step is recorded there as it happens, for the history checker.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from faults.history import HistoryRecorder
+from faults.recorded import record_error
 
 from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.client.handles import LedgerHandle
@@ -110,7 +116,7 @@ class Stats:
 class Workload:
     def __init__(self, uri: str, seed: int, *, writers: tuple[WriterSpec, ...] = DEFAULT_WRITERS, readers: int = 2,
                  rate_per_writer: float = 250.0, ledger_entries: tuple[int, int] = (200, 3000),
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, history: HistoryRecorder | None = None) -> None:
         self.uri = uri
         self.seed = seed
         self.writers = writers
@@ -118,6 +124,7 @@ class Workload:
         self.rate = rate_per_writer
         self.ledger_entries = ledger_entries
         self.log = log
+        self.history = history or HistoryRecorder(None)  # None: records nothing
         self.ledgers: dict[int, LedgerRecord] = {}
         self.current: dict[str, int] = {}  # writer -> its open ledger
         self._tailing: set[int] = set()  # ledgers a reader follows now (one reader each)
@@ -177,7 +184,8 @@ class Workload:
         self._recover_q = asyncio.Queue()
         rng = random.Random(self.seed)
         writers = [asyncio.ensure_future(self._writer(spec, random.Random(rng.random()))) for spec in self.writers]
-        readers = [asyncio.ensure_future(self._reader(random.Random(rng.random()))) for _ in range(self.readers)]
+        readers = [asyncio.ensure_future(self._reader(f"r{i}", random.Random(rng.random())))
+                   for i in range(self.readers)]
         recoverer = asyncio.ensure_future(self._recoverer())
         results = await asyncio.gather(*writers, return_exceptions=True)
         self._writers_done.set()
@@ -216,13 +224,16 @@ class Workload:
             await bk.close()
 
     async def _create(self, bk: AsyncBookKeeper, spec: WriterSpec) -> LedgerHandle | None:
+        op = self.history.invoke(spec.name, "create")
         try:
             lh = await asyncio.wait_for(bk.create_ledger(spec.ensemble, spec.write_quorum, spec.ack_quorum,
                                                          password=PASSWORD, custom_metadata={"chaos": b"1"}),
                                         OPEN_TIMEOUT_S)
+            self.history.ok(op, ledger=lh.ledger_id)
             self.stats.ledgers_created += 1
             return lh
         except (ZbkError, TimeoutError) as e:
+            record_error(self.history, op, e, effect=True)
             self.stats.create_errors += 1
             self.log(f"{spec.name}: create failed: {type(e).__name__}: {e}")
             await asyncio.sleep(0.5)
@@ -247,7 +258,15 @@ class Workload:
             k = 0
             while k < n and not self._stop_writers.is_set():
                 for _ in range(min(burst, n - k, WINDOW - len(inflight))):
-                    fut = lh.append(payload(self.seed, rec.ledger_id, k))
+                    data = payload(self.seed, rec.ledger_id, k)
+                    op = self.history.invoke(rec.writer, "append", ledger=rec.ledger_id, entry=lh.next_entry_id,
+                                             payload=data)
+                    try:
+                        fut = lh.append(data)
+                    except ZbkError as e:
+                        self.history.fail(op, e)  # refused before it was sent
+                        raise
+                    self.history.watch_append(op, fut)
                     fut.add_done_callback(functools.partial(self._on_ack, rec, k))
                     inflight.append(fut)
                     rec.appended = k
@@ -257,7 +276,13 @@ class Workload:
                     await self._settle(inflight.popleft(), rec)
             while inflight:
                 await self._settle(inflight.popleft(), rec)
-            await asyncio.wait_for(lh.close(), CLOSE_TIMEOUT_S)
+            op = self.history.invoke(rec.writer, "close", ledger=rec.ledger_id)
+            try:
+                await asyncio.wait_for(lh.close(), CLOSE_TIMEOUT_S)
+            except (ZbkError, TimeoutError) as e:
+                record_error(self.history, op, e, effect=True)
+                raise
+            self.history.ok(op, last=lh.md.last_entry_id)
             self.stats.closed_by_writer += 1
         except (ZbkError, TimeoutError) as e:
             self._writer_failed(rec, e)
@@ -295,13 +320,17 @@ class Workload:
             await bk.close()
 
     async def recover(self, bk: AsyncBookKeeper, lid: int) -> bool:
+        op = self.history.invoke("recoverer", "open_recover", ledger=lid)
         try:
-            await asyncio.wait_for(bk.open_ledger(lid, password=PASSWORD), OPEN_TIMEOUT_S)
+            rh = await asyncio.wait_for(bk.open_ledger(lid, password=PASSWORD), OPEN_TIMEOUT_S)
+            self.history.ok(op, last=rh.md.last_entry_id, closed=True)
         except (ZbkError, TimeoutError) as e:
+            record_error(self.history, op, e, effect=True)
             self.stats.recovery_attempts_failed += 1
             self.log(f"recovery of ledger {lid} failed (will retry): {type(e).__name__}: {e}")
             return False
-        except Exception:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
+            record_error(self.history, op, e, effect=True)
             self.client_errors.append(f"recovery of ledger {lid} raised: {traceback.format_exc()}")
             return False
         rec = self.ledgers.get(lid)
@@ -311,7 +340,7 @@ class Workload:
         return True
 
     # -- tailing readers --------------------------------------------------------------------
-    async def _reader(self, rng: random.Random) -> None:
+    async def _reader(self, name: str, rng: random.Random) -> None:
         bk = await self._client()
         try:
             while not self._stop_readers.is_set():
@@ -322,7 +351,7 @@ class Workload:
                 lid = rng.choice(candidates)
                 self._tailing.add(lid)
                 try:
-                    await self._tail(bk, self.ledgers[lid])
+                    await self._tail(bk, self.ledgers[lid], name)
                 finally:
                     self._tailing.discard(lid)
         except Exception:  # noqa: BLE001
@@ -330,27 +359,37 @@ class Workload:
         finally:
             await bk.close()
 
-    async def _tail(self, bk: AsyncBookKeeper, rec: LedgerRecord) -> None:
+    async def _tail(self, bk: AsyncBookKeeper, rec: LedgerRecord, reader: str) -> None:
         lid = rec.ledger_id
         self.stats.tails_started += 1
         rec.tails += 1
+        op = self.history.invoke(reader, "open", ledger=lid)
         try:
             rh = await asyncio.wait_for(bk.open_ledger(lid, password=PASSWORD, recovery=False), OPEN_TIMEOUT_S)
-        except (ZbkError, TimeoutError):
+        except (ZbkError, TimeoutError) as err:
+            record_error(self.history, op, err, effect=False)
             self.stats.tail_errors += 1
             return
+        self.history.ok(op, last=rh.md.last_entry_id if rh.is_closed else rh.last_add_confirmed, closed=rh.is_closed)
         agen: Any = rh.tail(0)
         expected = 0
+        view = f"{reader}/{self.stats.tails_started}"
         try:
             while True:
+                op = self.history.invoke(reader, "tail", ledger=lid, first=expected, view=view)
                 try:
                     e = await asyncio.wait_for(agen.__anext__(), TAIL_IDLE_S)
                 except StopAsyncIteration:
+                    self.history.ok(op, entries=[], end=True)
                     self.stats.tails_to_close += 1
                     return
-                except TimeoutError:
+                except BaseException as err:
+                    record_error(self.history, op, err, effect=False)
+                    if not isinstance(err, TimeoutError):
+                        raise
                     self.stats.tails_idle += 1
                     return
+                self.history.ok(op, entries=[(e.entry_id, e.payload)])
                 if e.entry_id != expected:
                     self.violations.append(f"ledger {lid}: tail gave entry {e.entry_id}, expected {expected}")
                 if e.payload != payload(self.seed, lid, e.entry_id):

@@ -56,7 +56,8 @@ from helpers.actorsim import (
 )
 
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
-from zbk.client.handles import LedgerEntry, LedgerHandle, _request_then
+from zbk.client.dispatch import _request_then
+from zbk.client.handles import LedgerEntry, LedgerHandle
 from zbk.config import ClientConfig
 from zbk.errors import BookieUnavailableError, ZbkError
 from zbk.metadata import layout
@@ -316,7 +317,7 @@ class BookieNode:
 
     # -- the process --------------------------------------------------------------------------
     def _boot(self, policy: BootPolicy | None) -> None:
-        """Start the real cores on the files (the storage half of Bookie.boot, phase one,
+        """Start the real cores on the files (the storage half of BookieBoot.boot, phase one,
         the limbo repair marks): the first boot, or a restart after a crash."""
         self.disk.revive()
         storage = open_storage(self.root, self.settings, self.disk, VirtualClock(self.loop.time))

@@ -1,4 +1,4 @@
-"""The AddDispatcher's flat per-bookie batches (client side): one
+"""The AddDispatcher's flat per-bookie batches (the client side of MULTI_ADD): one
 bookie's adds of an event-loop turn are kept as parallel lists (handles, part ends, entries)
 and split into messages at the request limits; entries track their bookies as bit masks.
 
@@ -16,7 +16,8 @@ import asyncio
 from typing import Any
 
 from zbk import limits
-from zbk.client.handles import LedgerHandle, _Add, _Batch, _pack
+from zbk.client.dispatch import _pack
+from zbk.client.writing import LedgerHandle, _Add, _Batch
 from zbk.wire import messages as w
 from zbk.wire.entry import peek_entry_header
 from zbk.wire.status import Status

@@ -1,5 +1,6 @@
-"""The write path's pipelining and multi-ledger coalescing, under the deterministic
-simulation (tests/client/sim.py: real bookie cores; ``ZBK_SEED=<n>`` replays a run).
+"""The write path's pipelining and multi-ledger coalescing (MULTI_ADD), under the
+deterministic simulation (tests/client/sim.py: real bookie cores; ``ZBK_SEED=<n>`` replays
+a run).
 
 * Several add requests are in flight to one bookie for one ledger; entries still confirm
   strictly in order, and an ensemble change in the middle of that resends every entry the

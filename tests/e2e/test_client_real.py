@@ -15,7 +15,7 @@ import zbk
 from zbk.client.digest import make_digest, master_key
 from zbk.client.raw import BookieConnection
 from zbk.config import ClientConfig
-from zbk.errors import BookieUnavailableError, LedgerFencedError, UnauthorizedError
+from zbk.errors import BookieUnavailableError, LedgerFencedError, UnauthorizedError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.uri import open_store
@@ -186,6 +186,27 @@ def test_wrong_password_opens_and_fences_nothing_and_no_recovery_open_does_not_f
         assert lh.append(data(11)) == 11  # a no-recovery open does not fence
         assert writer.ledger_metadata(lh.ledger_id).state == "OPEN"
         lh.close()
+
+
+def test_settings_given_as_keywords_override_the_config(cluster):
+    """``zbk.BookKeeper(uri, config=..., add_timeout_ms=...)``: the keyword wins over the
+    config's field, the config's other fields stay. An add to a hung bookie fails after the
+    keyword's half second, not the config's minute."""
+    c = cluster(1)
+    patient = ClientConfig(add_timeout_ms=60_000, read_timeout_ms=60_000, speculative_read_ms=300)
+    with zbk.BookKeeper(c.uri, config=patient, add_timeout_ms=500, ensemble_change_attempts_max=1) as bk:
+        assert bk.async_client.config.read_timeout_ms == 60_000
+        lh = bk.create_ledger(1, 1, 1, password=PW)
+        assert lh.append(data(0)) == 0
+        hung = c.by_id(lh.metadata.ensembles[0][0])
+        pause(hung)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ZbkError):
+                lh.append(data(1))
+            assert time.monotonic() - t0 < 30
+        finally:
+            resume(hung)
 
 
 # Two recoverers fence, read and write back the same 500 entries at once: three times the

@@ -1,10 +1,12 @@
 """The actor simulation: a bookie's real cores, joined by pipes, driven one message at a time.
 
-One bookie is the cores zbk/actors/bookie.py wires together (``ServerCore``,
+One bookie is the cores zbk/bookie/process.py wires together (``ServerCore``,
 ``JournalCore``, ``EntryLoggerCore``, ``IndexCore``, and ``GcCore`` when a test asks for
-it) on real storage files under one directory. They talk through :class:`PipeOutbox`: one
-FIFO per (sender, receiver), like the inproc PUSH/PULL pipes, which hand the message
-object itself to the receiver (zbk/actors/base.py). :meth:`BookieCores.step` delivers the
+it) on real storage files under one directory. Each core is constructed with a
+:class:`PipeOutbox` of its own, as the bookie constructs each with a ``SocketOutbox``
+(and the Server with the ``reply`` its answers go to): one FIFO per (sender, receiver),
+like the inproc PUSH/PULL pipes, which hand the message object itself to the receiver
+(zbk/actors/base.py). :meth:`BookieCores.step` delivers the
 head of one ready pipe, picked by a seeded generator, so every interleaving the real loops
 allow can happen; after it the journal commits with probability 0.3 while it holds
 records (its loop commits whenever a drain ends, and the drain may end after any message).
@@ -24,7 +26,8 @@ Two drivers use the same cores:
 * tests/client/sim.py drives one :class:`BookieCores` per bookie from its virtual-time
   event loop, under the real client.
 
-Booting (:func:`open_storage`) is the storage half of ``Bookie.boot``: it notes an unclean
+Booting (:func:`open_storage`) is the storage half of ``BookieBoot.boot``
+(zbk/bookie/boot.py): it notes an unclean
 shutdown (the dirty marker), opens the entry logs (sealing torn ones) and the index,
 replays the journal from the last mark (adds, master keys, fences, limbo, explicit LACs),
 checkpoints what replay rebuilt, and starts a new journal. :func:`phase_one` is BP-46
@@ -48,8 +51,8 @@ do not wait for a disk).
 * power loss (``crash(power_loss=True)``): as kill -9, and then every write not yet made
   durable is undone: each file goes back to its contents at its last fsync (or a syncfs
   of its file system). A journal whose records were written but not fsynced
-  (``journal_sync_data`` off) loses them, fence records included; with the journal off
-  for adds (``journal_write_data`` off) an acknowledged add survives only once a
+  (``[journal] sync_data`` off) loses them, fence records included; with the journal off
+  for adds (``[journal] write_data`` off) an acknowledged add survives only once a
   checkpoint flushed the entry logs and the index.
 * Names (create, rename, unlink) are durable at once; a file created but never fsynced
   comes back empty (as ext4 may leave it).
@@ -73,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from zbk import limits
+from zbk.actors.base import Core, Outbox, Reply
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
@@ -290,20 +294,23 @@ class VirtualClock:
 # -- booting ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class BookieSettings:
-    """The bookie configuration the cores and storage are built from (zbk's names, with
-    sizes small enough for thousands of simulated bookies)."""
+    """The bookie configuration the cores and storage are built from, with sizes small
+    enough for thousands of simulated bookies (finer than the configuration's MiB keys).
+    The two journal switches keep their flat names, which the bookie's configuration
+    still accepts; the rest are what zbk/bookie/process.py derives from its sections (the
+    key in the comment)."""
 
-    journal_write_data: bool = True
-    journal_sync_data: bool = True
-    flush_interval_s: float = 10.0  # the index checkpoint (zbk's flush_interval_ms default)
-    log_bytes: int = 1 << 20
-    write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
-    cache_bytes: int = limits.ledger_cache_bytes_max_default
-    journal_segment_bytes: int = 1 << 20
-    journal_preallocate_bytes: int = 64 * 1024
-    group_bytes_max: int = limits.journal_group_bytes_default
-    group_wait_s: float = limits.journal_group_wait_ms_default / 1000.0
-    max_frame_bytes: int = limits.frame_bytes_max_default
+    journal_write_data: bool = True  # [journal] write_data
+    journal_sync_data: bool = True  # [journal] sync_data
+    flush_interval_s: float = 10.0  # [index] flush_interval_ms (its default)
+    log_bytes: int = 1 << 20  # [entry_log] size_limit_mb
+    write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default  # [entry_log] write_buffer_bytes
+    cache_bytes: int = limits.ledger_cache_bytes_max_default  # [index] cache_bytes_max
+    journal_segment_bytes: int = 1 << 20  # [journal] max_size_mb
+    journal_preallocate_bytes: int = 64 * 1024  # [journal] pre_alloc_size_mb
+    group_bytes_max: int = limits.journal_group_bytes_default  # [journal] buffered_writes_threshold_bytes
+    group_wait_s: float = limits.journal_group_wait_ms_default / 1000.0  # [journal] max_group_wait_ms
+    max_frame_bytes: int = limits.frame_bytes_max_default  # max_frame_bytes
 
     @property
     def durable_adds(self) -> bool:
@@ -329,7 +336,7 @@ def storage_dirs(root: Path) -> tuple[str, str, str]:
 
 
 def open_storage(root: Path, settings: BookieSettings, disk: SimDisk, clock: Clock | None = None) -> Storage:
-    """The storage half of ``Bookie.boot`` (see the module doc)."""
+    """The storage half of ``BookieBoot.boot`` (see the module doc)."""
     jdir, ldir, xdir = storage_dirs(root)
     for d in (jdir, ldir, xdir):
         os.makedirs(d, exist_ok=True)
@@ -364,7 +371,7 @@ def open_storage(root: Path, settings: BookieSettings, disk: SimDisk, clock: Clo
 
 def phase_one(cache: LedgerCache, store: MetadataStore, bookie_id: str, *, fence: bool = True,
               limbo: bool = True) -> int:
-    """BP-46 phase one as ``Bookie._phase_one`` does it (``fence`` / ``limbo`` off: the
+    """BP-46 phase one as ``BookieBoot._phase_one`` does it (``fence`` / ``limbo`` off: the
     protections BP-46 shows are each needed); returns how many open ledgers it marked."""
     from zbk.recovery.repair import count_missing, expected_entries
     from zbk.recovery.underreplication import UnderReplicationRegistry
@@ -397,7 +404,7 @@ def phase_one(cache: LedgerCache, store: MetadataStore, bookie_id: str, *, fence
 
 
 def publish_limbo_marks(cache: LedgerCache, store: MetadataStore, bookie_id: str) -> list[int]:
-    """A repair mark per ledger in limbo here (``Bookie._publish_limbo_marks``): phase two."""
+    """A repair mark per ledger in limbo here (``BookieBoot._publish_limbo_marks``): phase two."""
     from zbk.recovery.underreplication import UnderReplicationRegistry
 
     limbo = [lid for lid in cache.ledgers() if cache.is_limbo(lid)]
@@ -408,7 +415,7 @@ def publish_limbo_marks(cache: LedgerCache, store: MetadataStore, bookie_id: str
 
 
 def ledger_states(cache: LedgerCache, logs: EntryLogWriter) -> dict[int, LedgerState]:
-    """The Server's state of every ledger in the index (``Bookie._ledger_states``)."""
+    """The Server's state of every ledger in the index (``BookieBoot._ledger_states``)."""
     states: dict[int, LedgerState] = {}
     for lid in cache.ledgers():
         last = cache.last_entry_id(lid)
@@ -426,31 +433,35 @@ def ledger_states(cache: LedgerCache, logs: EntryLogWriter) -> dict[int, LedgerS
 
 
 # -- the cores ---------------------------------------------------------------------------------------
-Reply = Callable[[bytes, list[Any]], None]
+GcFactory = Callable[[Storage, Outbox], Core]  # builds a GcCore on a bookie's storage, with its outbox
 
 
 class BookieCores:
-    """One bookie's cores on ``storage``, wired as zbk/actors/bookie.py wires them, joined
-    by :class:`PipeOutbox` pipes; ``gc``: a GcCore to add (built on this storage)."""
+    """One bookie's cores on ``storage``, wired as zbk/bookie/process.py wires them: each
+    constructed with its :class:`PipeOutbox` (the Server also with ``reply``); ``gc``
+    builds a GcCore on this storage with the outbox it is given."""
 
     def __init__(self, root: Path, storage: Storage, settings: BookieSettings, disk: SimDisk, rng: random.Random,
-                 *, reply: Reply, now: float, gc: Any = None, keep_delivered: bool = False) -> None:
+                 *, reply: Reply, now: float, gc: GcFactory | None = None, keep_delivered: bool = False) -> None:
         self.root, self.storage, self.settings, self.disk, self.rng = root, storage, settings, disk, rng
         xdir = storage_dirs(root)[2]
+        self.pipes: Pipes = collections.defaultdict(collections.deque)
+        pipes = self.pipes
         self.server = ServerCore(ledgers=ledger_states(storage.cache, storage.logs),
                                  journal_write_data=settings.journal_write_data,
-                                 max_frame_bytes=settings.max_frame_bytes, reply=reply)
-        self.journal = JournalCore(storage.journal, sync_data=settings.journal_sync_data,
-                                   group_bytes_max=settings.group_bytes_max, group_wait_s=settings.group_wait_s)
-        self.index = IndexCore(storage.cache, flush_interval_s=settings.flush_interval_s,
+                                 max_frame_bytes=settings.max_frame_bytes, reply=reply,
+                                 outbox=PipeOutbox(pipes, "server"))
+        self.journal = JournalCore(storage.journal, outbox=PipeOutbox(pipes, "journal"),
+                                   sync_data=settings.journal_sync_data, group_bytes_max=settings.group_bytes_max,
+                                   group_wait_s=settings.group_wait_s)
+        self.index = IndexCore(storage.cache, outbox=PipeOutbox(pipes, "index"),
+                               flush_interval_s=settings.flush_interval_s,
                                persist_mark=lambda mark: markers.write_last_mark(xdir, LogMark(*mark), disk=disk))
-        self.cores: dict[str, Any] = {"server": self.server, "journal": self.journal, "index": self.index,
-                                      "entrylogger": EntryLoggerCore(storage.logs)}
+        self.cores: dict[str, Core] = {
+            "server": self.server, "journal": self.journal, "index": self.index,
+            "entrylogger": EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"))}
         if gc is not None:
-            self.cores["gc"] = gc
-        self.pipes: Pipes = collections.defaultdict(collections.deque)
-        for name, core in self.cores.items():
-            core.outbox = PipeOutbox(self.pipes, name)
+            self.cores["gc"] = gc(storage, PipeOutbox(pipes, "gc"))
         self.next_tick = {n: now + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
         self.delivered: list[tuple[Any, bytes]] | None = [] if keep_delivered else None
         # Called with (receiver, message) just before each delivery, for tests that count.
@@ -532,8 +543,7 @@ class BookieCores:
         pending: list[Any] = list(self.server.held_puts)
         pending += [m for (_, dest), q in self.pipes.items() if dest == "index" for m, _ in q if isinstance(m, IndexPut)]
         for put in pending:
-            lids = put.ledger_ids if put.ledger_ids is not None else [put.ledger_id] * len(put.entry_ids)
-            for plid, eid, loc in zip(lids, put.entry_ids, put.locations, strict=True):
+            for plid, eid, loc in zip(put.ledger_ids, put.entry_ids, put.locations, strict=True):
                 if plid == lid:
                     found[eid] = loc
         return found
@@ -545,13 +555,12 @@ class BookieCores:
 
 
 def boot_cores(root: Path, settings: BookieSettings, disk: SimDisk, rng: random.Random, *, reply: Reply, now: float,
-               clock: Clock | None = None, gc: Callable[[Storage], Any] | None = None,
-               keep_delivered: bool = False) -> BookieCores:
+               clock: Clock | None = None, gc: GcFactory | None = None, keep_delivered: bool = False) -> BookieCores:
     """Boot the storage under ``root`` (no phase one) and start the cores on it."""
     disk.revive()
     storage = open_storage(root, settings, disk, clock)
-    return BookieCores(root, storage, settings, disk, rng, reply=reply, now=now,
-                       gc=None if gc is None else gc(storage), keep_delivered=keep_delivered)
+    return BookieCores(root, storage, settings, disk, rng, reply=reply, now=now, gc=gc,
+                       keep_delivered=keep_delivered)
 
 
 # -- one bookie on its own clock ----------------------------------------------------------------------
@@ -564,7 +573,7 @@ class Sim:
     message at :meth:`verify` (the check that nothing sent is changed later)."""
 
     def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]], *,
-                 settings: BookieSettings = DEFAULT_SETTINGS, gc: Callable[[Storage], Any] | None = None,
+                 settings: BookieSettings = DEFAULT_SETTINGS, gc: GcFactory | None = None,
                  keep_delivered: bool = True, disk: SimDisk | None = None) -> None:
         self.root, self.rng, self.acked = root, rng, acked
         self.now = T0

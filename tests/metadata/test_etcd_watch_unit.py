@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from zbk.metadata.etcd import EtcdWatch, _StreamBroken, etcdrpc, kv_pb2
+from zbk.metadata.etcd import EtcdWatch, etcdrpc, kv_pb2
+from zbk.metadata.etcdwatch import _StreamBroken
 from zbk.metadata.store import WatchEvent
 
 
@@ -61,7 +62,7 @@ def test_closed_channel_errors_of_unary_and_stream_calls_are_both_retried() -> N
     watch thread dies with the stream's wording (found by the chaos run)."""
     import grpc
 
-    from zbk.metadata.etcd import _closed_channel
+    from zbk.metadata.etcdconn import _closed_channel
 
     ch = grpc.insecure_channel("127.0.0.1:1")
     ch.close()

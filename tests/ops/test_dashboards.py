@@ -54,7 +54,7 @@ API_METRICS = [
     "zbk_replicator_entries_copied_total", "zbk_replicator_ledgers_replicated_total",
     "zbk_replicator_limbo_ledgers_repaired_total", "zbk_client_add_entry_seconds", "zbk_client_ensemble_changes_total",
 ]
-# The default `zbk sandbox` targets the shipped prometheus.yml scrapes (zbk/cli/sandbox.py:
+# The default `zbk sandbox` targets the shipped prometheus.yml scrapes (zbk/cli/sandboxlayout.py:
 # base port 3181; bookie HTTP at base + 1000 + i, auto-recovery HTTP at base + 2000).
 SHIPPED_BOOKIE_TARGETS = ["127.0.0.1:4181", "127.0.0.1:4182", "127.0.0.1:4183"]
 SHIPPED_AUTORECOVERY_TARGET = "127.0.0.1:5181"

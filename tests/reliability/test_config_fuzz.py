@@ -2,8 +2,9 @@
 exception, and never an accepted config with a non-finite number in it.
 
 Inputs: arbitrary bytes as a TOML file (invalid UTF-8, deep nesting, junk), and generated
-TOML documents that use the real key names of every config class with values of every TOML
-type (huge ints, nan/inf, strings, arrays, tables, dates). Hypothesis prints the seed and
+TOML documents that use the real key names of every config class (top-level, dotted and
+flat, and the section tables) with values of every TOML type (huge ints, nan/inf, strings,
+arrays, tables, dates). Hypothesis prints the seed and
 the shrunk input on failure (replay with --hypothesis-seed).
 """
 
@@ -20,12 +21,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zbk.config import AutoRecoveryConfig, BookieConfig, ClientConfig, build, load, parse_overrides
+from zbk.config import AutoRecoveryConfig, BookieConfig, ClientConfig, build, key_names, load, parse_overrides
 from zbk.errors import ConfigError
 
 FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CLASSES = [BookieConfig, ClientConfig, AutoRecoveryConfig]
-KEYS = sorted({f.name for cls in CLASSES for f in dataclasses.fields(cls)})
+KEYS = sorted({k for cls in CLASSES for k in key_names(cls)})
+TABLES = sorted({k.split(".", 1)[0] for k in KEYS if "." in k})
+SUBKEYS = sorted({k.split(".", 1)[1] for k in KEYS if "." in k})
 
 
 def _toml_key(key: str) -> str:
@@ -81,6 +84,10 @@ def toml_documents(draw: st.DrawFn) -> str:
         table = draw(st.dictionaries(keys, values, max_size=5))
         lines.append("[bookie]")
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
+    for name in draw(st.lists(st.sampled_from(TABLES), max_size=3, unique=True)):  # section tables
+        table = draw(st.dictionaries(st.one_of(st.sampled_from(SUBKEYS), keys), values, max_size=4))
+        lines.append(f"[{draw(st.sampled_from(['', 'bookie.']))}{name}]")
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -90,10 +97,16 @@ def _load_and_validate(cls: type, path: str | None = None, overrides: list[str] 
         cfg = cfg.validate()
     except ConfigError:
         return
+    _assert_finite(cls.__name__, cfg)
+
+
+def _assert_finite(path: str, cfg: Any) -> None:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        if isinstance(value, float):
-            assert math.isfinite(value), f"{cls.__name__}.{f.name} accepted {value!r}"
+        if dataclasses.is_dataclass(value):
+            _assert_finite(f"{path}.{f.name}", value)
+        elif isinstance(value, float):
+            assert math.isfinite(value), f"{path}.{f.name} accepted {value!r}"
 
 
 def _with_file(data: bytes, fn: Any) -> None:

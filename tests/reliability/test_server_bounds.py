@@ -24,9 +24,10 @@ NO_FLAGS = AddFlag(0)
 class Harness:
     def __init__(self, **kw: Any) -> None:
         self.replies: list[Any] = []
+        self.out = ListOutbox()
         self.core = ServerCore(ledgers={}, journal_write_data=True, max_frame_bytes=1 << 22,
-                               reply=lambda ident, frames: self.replies.append(decode_response(frames)), **kw)
-        self.core.outbox = self.out = ListOutbox()
+                               reply=lambda ident, frames: self.replies.append(decode_response(frames)),
+                               outbox=self.out, **kw)
         self.rid = 0
 
     def send(self, msg_type: type, **fields: Any) -> int:
@@ -46,7 +47,7 @@ class Harness:
     def complete_adds(self) -> None:
         """Play the EntryLogger and the journal for every add sent so far."""
         for msg in self.out.take("entrylogger", AppendBatch):
-            self.core.on_message(Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, [1 << 40] * len(msg.entry_ids)),
+            self.core.on_message(Appended(msg.batch_id, msg.ledger_ids, msg.entry_ids, [1 << 40] * len(msg.entry_ids)),
                                  0.0)
             self.core.on_message(Synced([msg.batch_id]), 0.0)
         for msg in self.out.take("journal", JournalMeta):

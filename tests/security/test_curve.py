@@ -1,6 +1,6 @@
 """ZeroMQ CURVE on a bookie: authorized clients work, everyone else gets nothing.
 
-The bookie runs in this process (``zbk.actors.bookie.Bookie``, real sockets on loopback,
+The bookie runs in this process (``zbk.bookie.process.Bookie``, real sockets on loopback,
 real actors and disks), built from a BookieConfig with the CURVE keys, which the bookie
 applies to its Server socket itself. Clients: the real client (``zbk.BookKeeper`` with the
 CURVE keys in its ClientConfig) and raw DEALER sockets; and once, a `zbk bookie` process.
@@ -22,10 +22,10 @@ import zmq
 from helpers.procs import free_port
 
 import zbk
-from zbk.actors.bookie import Bookie
+from zbk.bookie.process import Bookie
 from zbk.client.raw import BookieConnection
 from zbk.client.transport import ZmqTransport
-from zbk.config import BookieConfig, ClientConfig
+from zbk.config import BookieConfig, ClientConfig, CurveConfig, HttpConfig
 from zbk.errors import BookieUnavailableError, ConfigError, UnauthorizedError
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
@@ -56,8 +56,8 @@ def keys(tmp_path: Path) -> Keys:
 @pytest.fixture
 def curve_bookie(tmp_path: Path, keys: Keys) -> Iterator[Bookie]:
     cfg = BookieConfig(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path / "bookie"),
-                       port=free_port(), http_port=free_port(), registration_ttl_s=2,
-                       curve_secret_key_file=keys.server_secret, curve_authorized_keys_dir=str(keys.authorized))
+                       port=free_port(), http=HttpConfig(port=free_port()), registration_ttl_s=2,
+                       curve=CurveConfig(secret_key_file=keys.server_secret, authorized_keys_dir=str(keys.authorized)))
     bk = Bookie(cfg)
     bk.start()
     try:

@@ -62,9 +62,9 @@ def http(server: AdminHttpServer, method: str, path: str, body: Any = None,
 
 
 def test_processes_bind_the_admin_api_to_loopback_by_default() -> None:
-    assert BookieConfig().http_bind_address == "127.0.0.1"
+    assert BookieConfig().http.bind_address == "127.0.0.1"
     assert AutoRecoveryConfig().http_bind_address == "127.0.0.1"
-    server = AdminHttpServer(BookieConfig().http_bind_address, 0)
+    server = AdminHttpServer(BookieConfig().http.bind_address, 0)
     try:
         assert server.httpd.server_address[0] == "127.0.0.1" and not server.exposed
     finally:

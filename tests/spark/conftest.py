@@ -69,7 +69,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.streaming.pollingDelay", "50ms")
-               # A loaded 2-core machine can take longer than the 15 s default to start a worker.
+               # A loaded machine can take longer than the 15 s default to start a worker.
                .config("spark.python.authenticate.socketTimeout", "120s")
                .getOrCreate())
     gateway = SparkContext._gateway

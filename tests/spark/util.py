@@ -12,7 +12,7 @@ from zbk.client.sync import BookKeeper, SyncLedgerHandle
 
 T = TypeVar("T")
 # Spark gives a Python worker it spawns directly (the streaming source runner, the read
-# planner) a fixed 10 s to start and connect back. On a saturated 2-core machine importing
+# planner) a fixed 10 s to start and connect back. On a saturated machine importing
 # pyspark can take longer; that failure is Spark's, not zbk's, and the cure is what an
 # operator does: start the query again from its checkpoint.
 WORKER_START_FAILED = "Python worker failed to connect back"

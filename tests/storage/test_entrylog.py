@@ -325,17 +325,16 @@ def test_append_batch_is_append_per_entry_byte_for_byte(tmp_path, rng, per_ledge
     for _ in range(60):
         n = rng.randrange(1, 40)
         if rng.random() < 0.5:
-            lid = rng.randrange(1, 4)
-            lids = [lid] * n
+            lids = [rng.randrange(1, 4)] * n
         else:
-            lid, lids = -1, [rng.randrange(1, 6) for _ in range(n)]
+            lids = [rng.randrange(1, 6) for _ in range(n)]
         eids = []
         for x in lids:
             eids.append(next_eid.get(x, 0))
             next_eid[x] = eids[-1] + 1
         blobs = [rng.randbytes(rng.randrange(0, 700)) for _ in range(n)]
         want = [one.append(x, e, b) for x, e, b in zip(lids, eids, blobs, strict=True)]
-        got = many.append_batch(lid, eids, blobs, None if lid >= 0 else lids)
+        got = many.append_batch(lids, eids, blobs)
         assert got == want
         entries.update({(x, e): (loc, b) for x, e, loc, b in zip(lids, eids, got, blobs, strict=True)})
         if not per_ledger:

@@ -101,11 +101,11 @@ def test_append_adds_writes_the_bytes_of_one_append_per_entry(tmp_path):
     many.append(RecordType.FENCE, 3)
     for eid, blob in zip(ids, blobs, strict=True):
         pending = one.append(RecordType.ADD, 42, eid, blob)
-    assert many.append_adds(42, ids, blobs) == pending == many.pending_bytes
+    assert many.append_adds([42] * len(ids), ids, blobs) == pending == many.pending_bytes
     assert bytes(many._buf) == bytes(one._buf)
-    assert many.append_adds(42, [], []) == pending
+    assert many.append_adds([], [], []) == pending
     with pytest.raises(ValueError):
-        many.append_adds(42, [1, 2], [b"x"])
+        many.append_adds([42, 42], [1, 2], [b"x"])
     many.sync()
     many.close()
     one.close()
@@ -482,12 +482,11 @@ def test_journal_actor_keeps_zeros_ahead_of_its_commits(tmp_path):
 
     d = str(tmp_path)
     jw = JournalWriter(d, 1 << 20, preallocate_bytes=16 * 1024)
-    jc = JournalCore(jw, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     out = ListOutbox()
-    jc.outbox = out
+    jc = JournalCore(jw, outbox=out, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     path = os.path.join(d, segment_name(1))
     for b in range(40):  # 40 KiB of records through a 16 KiB preallocation
-        jc.on_message(JournalAppend(b, 4, [b], [b"x" * 1000]), 0.0)
+        jc.on_message(JournalAppend(b, [4], [b], [b"x" * 1000]), 0.0)
         jc.commit()
         assert out.take("server", Synced)[0].batch_ids == [b]
         assert os.path.getsize(path) - jw.mark.offset >= 8 * 1024

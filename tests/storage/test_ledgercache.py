@@ -277,7 +277,7 @@ def test_page_helpers_round_trip(tmp_path):
     assert index.page_count(HEADER_BYTES) == 0 and index.page_count(HEADER_BYTES + 1) == 1
 
 
-# -- deltas: puts into pages already wholly in the file (performance issue #8) -------------
+# -- deltas: puts into pages already wholly in the file --------------------------------------
 
 
 class CountingDisk(FaultyDisk):
@@ -751,7 +751,7 @@ def test_put_many_is_a_put_each(tmp_path, rng):
 
 
 def test_dirty_ranges_become_deltas_when_the_cache_needs_room_instead_of_a_checkpoint(tmp_path):
-    """Many ledgers written a few entries at a time (issue #8): the cache holds 8 pages, all
+    """Many ledgers written a few entries at a time: the cache holds 8 pages, all
     those cached clean after a flush; puts make them dirty with changed ranges, and puts to 40 other
     ledgers need room. The ranges turn into deltas (oldest first) rather than filling the
     cache with dirty pages: the budget holds, no flush is asked for, a flush writes only the

@@ -177,7 +177,7 @@ def test_part_tables_of_every_size_decode_to_their_columns() -> None:
     give back exactly the ledger ids, counts, flags and keys that were encoded."""
     import random
 
-    from zbk.wire import codec
+    from zbk.wire import encoders
     from zbk.wire.messages import PackedParts
 
     rng = random.Random(8)
@@ -195,7 +195,7 @@ def test_part_tables_of_every_size_decode_to_their_columns() -> None:
             assert list(parts.ledger_ids) == lids and list(parts.counts) == counts
             assert list(parts.flags) == [int(f) for f in flags] and list(parts.keys) == keys
             assert [bytes(e) for e in parts.entries] == entries
-            assert codec._parts_struct.cache_info().currsize <= codec._PARTS_STRUCTS_MAX
+            assert encoders._parts_struct.cache_info().currsize <= encoders._PARTS_STRUCTS_MAX
 
 
 @pytest.mark.parametrize("damage", ["negative_ledger", "zero_count", "counts_over", "counts_under", "unknown_flag"])

@@ -2,8 +2,11 @@
 owns the ZeroMQ sockets.
 
 A core never imports zmq and never reads the time. It receives messages and ticks (with
-``now`` from an injected clock) and sends messages through an :class:`Outbox`. Tests drive
-cores directly with a :class:`ListOutbox`; the bookie drives them with :class:`ActorLoop`.
+``now`` from an injected clock) and sends messages through the :class:`Outbox` it is
+constructed with (the Server also answers clients through the ``reply`` it is constructed
+with: :class:`RequestCore`). Tests drive cores directly with a :class:`ListOutbox`; the
+bookie gives each core a :class:`SocketOutbox` and drives it with an :class:`ActorLoop`,
+which connects that outbox's sockets in its own thread.
 
 Between actors, messages travel over inproc PUSH/PULL sockets, one pipe per (sender,
 receiver). Each actor has ONE PULL socket per sending peer, so that the order of messages
@@ -23,8 +26,8 @@ Server keeps the ``entry_ids`` list of the AppendBatch it sent in its PendingAdd
 EntryLogger forwards that same list in Appended and JournalAppend: nobody mutates it). Send
 freshly built objects; never ``msg.items.append(...)`` after ``send``, never reuse a buffer
 list across sends. bytes, ints, strings and tuples of them are immutable and always safe.
-tests/actors/test_gc.py delivers messages the same way and checks that nothing sent was
-changed before or after delivery.
+The actor simulation of the tests (tests/helpers/actorsim.py) hands messages over the same
+way and checks that nothing sent was changed before or after delivery.
 
 A core that raises stops the whole bookie: crash, don't limp. The loop reports the failure
 to the supervisor, which exits the process with the actor's distinct exit code.
@@ -52,13 +55,28 @@ class Outbox(Protocol):
         """Queue ``msg`` for actor ``dest``."""
 
 
+Reply = Callable[[bytes, list[Any]], None]  # (peer identity, frames): answer a client
+
+
 class Core(Protocol):
+    """An actor's logic. ``outbox`` is given to its constructor, never set afterwards."""
+
     name: str
     tick_interval_s: float | None
+    outbox: Outbox
 
     def on_message(self, msg: Any, now: float) -> None: ...
 
     def on_tick(self, now: float) -> None: ...
+
+
+class RequestCore(Core, Protocol):
+    """A core that also serves clients (the Server): requests arrive from its loop's socket,
+    and it answers through ``reply``, given to its constructor like its outbox."""
+
+    reply: Reply
+
+    def on_request(self, ident: bytes, frames: list[Any], now: float) -> None: ...
 
 
 class ListOutbox:
@@ -150,18 +168,28 @@ def send_message(sock: zmq.Socket[Any], handoff: Handoff, msg: Any) -> None:
 
 
 class SocketOutbox:
-    """PUSH sockets, one per destination, each bound by the receiver's loop."""
+    """PUSH sockets, one per destination, each bound by the receiver's loop.
 
-    def __init__(self, ctx: zmq.Context[Any], instance: str, sender: str, peers: list[str]) -> None:
+    Made before its core (which is constructed with it); the sockets exist from
+    :meth:`connect`, which the core's loop calls in its own thread, until :meth:`close`. A
+    message sent after the close goes nowhere (a core fed by ``ActorLoop.drain_inbound``
+    after its loop stopped).
+    """
+
+    def __init__(self, instance: str, sender: str, peers: list[str]) -> None:
+        self.instance, self.sender, self.peers = instance, sender, list(peers)
         self._socks: dict[str, zmq.Socket[Any]] = {}
         self._objects = handoff_for(instance).objects
-        self._sender = sender
         self._gone: set[str] = set()
-        for peer in peers:
+        self._closed = False
+
+    def connect(self, ctx: zmq.Context[Any]) -> None:
+        assert not self._socks and not self._closed, "an outbox connects once"
+        for peer in self.peers:
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)  # inproc between our own actors: bounded upstream instead
             s.setsockopt(zmq.LINGER, 0)
-            s.connect(pipe_address(instance, sender, peer))
+            s.connect(pipe_address(self.instance, self.sender, peer))
             self._socks[peer] = s
 
     def send(self, dest: str, msg: Any) -> None:
@@ -180,21 +208,29 @@ class SocketOutbox:
             del self._objects[key]
             if dest not in self._gone:
                 self._gone.add(dest)
-                log.info("%s: actor %s has stopped; dropping messages to it", self._sender, dest)
+                log.info("%s: actor %s has stopped; dropping messages to it", self.sender, dest)
+        except KeyError:
+            del self._objects[key]
+            if not self._closed:
+                raise  # not connected yet, or not a peer of this sender: a bug
 
     def close(self) -> None:
-        for s in self._socks.values():
+        self._closed = True
+        socks, self._socks = self._socks, {}
+        for s in socks.values():
             s.close(0)
 
 
 class ActorLoop(threading.Thread):
     """Runs one core: polls its inbound pipes, feeds messages and ticks, reports crashes.
 
-    ``extra`` sockets (e.g. the Server's ROUTER) are polled too and handed to ``on_extra``.
+    The core's outbox is a :class:`SocketOutbox` (whose peers are those it sends to); the
+    loop connects it in its thread and closes it when it ends. ``extra`` sockets (e.g. the
+    Server's ROUTER) are polled too and handed to ``on_extra``.
     """
 
     def __init__(self, *, ctx: zmq.Context[Any], instance: str, core: Core, senders: list[str],
-                 peers: list[str], clock: Clock, on_crash: Callable[[str, BaseException], None],
+                 clock: Clock, on_crash: Callable[[str, BaseException], None],
                  stop: threading.Event, cpus: frozenset[int] = frozenset()) -> None:
         super().__init__(name=f"zbk-{core.name}", daemon=True)
         self.cpus = cpus  # confined to these CPUs (the bookie's actor_cpus); empty: not confined
@@ -207,9 +243,11 @@ class ActorLoop(threading.Thread):
             s.setsockopt(zmq.LINGER, 0)
             s.bind(pipe_address(instance, sender, core.name))
             self.inbound.append(s)
-        self.peers = peers
+        outbox = core.outbox
+        assert isinstance(outbox, SocketOutbox) and outbox.sender == core.name and outbox.instance == instance, \
+            "a loop's core sends through a SocketOutbox of its own"
+        self.outbox = outbox
         self.handoff = handoff_for(instance)
-        self.outbox: SocketOutbox | None = None
         self.extra: list[zmq.Socket[Any]] = []
         self.ready = threading.Event()
         # True: the inbound pipes stay open when the loop exits, for drain_inbound (the
@@ -233,8 +271,7 @@ class ActorLoop(threading.Thread):
         name_current_thread(self.name)  # zbk-<core>: tells the actors apart in top -H, strace -f, perf
         try:
             pin_current_thread(self.cpus)
-            self.outbox = SocketOutbox(self.ctx, self.instance, self.core.name, self.peers)
-            self.core.outbox = self.outbox  # type: ignore[attr-defined]
+            self.outbox.connect(self.ctx)
             self.setup()
             self.ready.set()
             self._loop()
@@ -246,15 +283,15 @@ class ActorLoop(threading.Thread):
             self.teardown()
             for s in self.extra if self.keep_inbound else self.inbound + self.extra:
                 s.close(0)
-            if self.outbox:
-                self.outbox.close()
+            self.outbox.close()
 
     def drain_inbound(self, accept: Callable[[Any], bool]) -> int:
         """After the loop has exited (and every other actor too): feed the core the messages
         still waiting in its inbound pipes for which ``accept`` is true, then close the pipes.
-        Returns how many were fed. Anything the core sends meanwhile goes nowhere."""
+        Returns how many were fed. Anything the core sends meanwhile goes nowhere (its
+        outbox is closed)."""
         assert not self.is_alive(), "drain_inbound runs after the loop has stopped"
-        self.core.outbox = ListOutbox()  # type: ignore[attr-defined]
+        self.outbox.close()  # closed by the loop already, unless it never ran
         fed = 0
         take = self.handoff.objects.pop
         for sock in self.inbound:

@@ -57,14 +57,13 @@ class _Compaction:
 class EntryLoggerCore:
     name = "entrylogger"
 
-    def __init__(self, logs: EntryLogWriter, *, tick_interval_s: float = 1.0) -> None:
+    def __init__(self, logs: EntryLogWriter, *, outbox: Outbox, tick_interval_s: float = 1.0) -> None:
         self.logs = logs
         self.tick_interval_s: float | None = tick_interval_s
-        self.outbox: Outbox | None = None
+        self.outbox: Outbox = outbox
         self.compaction: _Compaction | None = None  # GC: at most one job at a time
 
     def on_message(self, msg: Any, now: float) -> None:
-        assert self.outbox is not None
         if isinstance(msg, AppendBatch):
             self._append(msg)
         elif isinstance(msg, ReadLocations):
@@ -88,27 +87,24 @@ class EntryLoggerCore:
             raise AssertionError(f"entrylogger: unexpected message {msg!r}")
 
     def _append(self, msg: AppendBatch) -> None:
-        assert self.outbox is not None
-        lid, lids = msg.ledger_id, msg.ledger_ids
+        lids = msg.ledger_ids
         try:
-            # MULTI_ADD: ``lids`` holds each entry's ledger (several ledgers in one batch)
-            locations = self.logs.append_batch(lid, msg.entry_ids, msg.blobs, lids)
+            locations = self.logs.append_batch(lids, msg.entry_ids, msg.blobs)
         except OSError as e:
             # A failed append is reported, never half-acknowledged: the Server answers the
             # whole batch with an error (and turns read-only on ENOSPC).
-            log.error("entrylogger: append to ledger %d failed: %s", lid, e)
-            self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, [], error=str(e),
-                                                no_space=e.errno == errno.ENOSPC, ledger_ids=lids))
+            log.error("entrylogger: append to ledger(s) %s failed: %s", sorted(set(lids)), e)
+            self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, [], error=str(e),
+                                                no_space=e.errno == errno.ENOSPC))
             return
         # The journal record first: its write and fsync are the longest step of an add, and
         # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
-            self.outbox.send("journal", JournalAppend(msg.batch_id, msg.ledger_id, msg.entry_ids, msg.blobs, lids))
-        self.outbox.send("server", Appended(msg.batch_id, msg.ledger_id, msg.entry_ids, locations, ledger_ids=lids))
+            self.outbox.send("journal", JournalAppend(msg.batch_id, lids, msg.entry_ids, msg.blobs))
+        self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, locations))
         m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
 
     def _read(self, msg: ReadLocations) -> None:
-        assert self.outbox is not None
         batch = self.logs.read_entries(msg.ledger_id, msg.ids(), msg.locations, msg.bytes_max)
         error = ""
         if batch.error is not None:
@@ -125,7 +121,6 @@ class EntryLoggerCore:
 
     # -- garbage collection (zbk/actors/gc.py has the protocol and why it is safe) ------------
     def _on_gc(self, msg: Any) -> None:
-        assert self.outbox is not None
         if isinstance(msg, LogStatsRequest):
             logs = self.logs
             self.outbox.send("gc", LogStats(msg.ctx, logs.usage(), sorted(logs.unflushed_log_ids()),
@@ -140,7 +135,6 @@ class EntryLoggerCore:
             self._compact_copy(msg)
 
     def _delete_logs(self, msg: DeleteLogs) -> None:
-        assert self.outbox is not None
         busy = self.logs.unflushed_log_ids()
         if self.compaction is not None:
             busy.add(self.compaction.log_id)
@@ -165,7 +159,6 @@ class EntryLoggerCore:
 
     def _compact_scan(self, msg: CompactChunk) -> None:
         """Read about ``budget_bytes`` of records, then ask the index which are still live."""
-        assert self.outbox is not None
         c = self._running(msg.job)
         if c is None:
             return
@@ -188,7 +181,6 @@ class EntryLoggerCore:
 
     def _compact_copy(self, msg: LiveResult) -> None:
         """Append the live entries of the chunk, make them durable, send their relocations."""
-        assert self.outbox is not None
         c = self._running(msg.job)
         if c is None:
             return
@@ -226,7 +218,6 @@ class EntryLoggerCore:
     def _compact_end(self, job: int, scanned: int, error: str) -> None:
         """Finish the job with an empty last Relocate (the index still runs the checkpoint
         that makes earlier chunks durable); ``error`` tells the GC to keep the log."""
-        assert self.outbox is not None
         self._close_compaction()
         self.outbox.send("server", Relocate(job, [], scanned, 0, True, error))
 

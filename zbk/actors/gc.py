@@ -2,9 +2,9 @@
 logs that hold only dead data, and compacts sparse logs, throttled.
 
 :class:`GcCore` is the logic (messages and ticks in, messages out); the metadata listing and
-a tiny persisted state (:class:`GcStateFile`) are injected, so tests drive it with a
-``ListOutbox`` and fakes. It never touches entry logs or the index itself: the EntryLogger
-and the IndexSyncer own those, and the GC asks.
+a tiny persisted state (:class:`GcStateStore`; on disk, zbk/storage/gcstate.py) are
+injected, so tests drive it with a ``ListOutbox`` and fakes. It never touches entry logs
+or the index itself: the EntryLogger and the IndexSyncer own those, and the GC asks.
 
 A run (every ``gc_wait_time_ms`` after the previous one ended, or at once on
 POST /api/v1/bookie/gc; one run at a time)
@@ -79,13 +79,9 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-from crc32c import crc32c
 
 from zbk.actors.base import Outbox
 from zbk.actors.messages import (
@@ -102,9 +98,8 @@ from zbk.actors.messages import (
     LogStatsRequest,
     Relocated,
 )
-from zbk.config import BookieConfig
+from zbk.config import GcConfig
 from zbk.metrics import bookie as m
-from zbk.storage.disk import REAL_DISK, Disk
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +123,8 @@ class GcSettings:
     tick_s: float = GC_TICK_S
 
     @classmethod
-    def from_config(cls, cfg: BookieConfig) -> GcSettings:
-        return cls(gc_wait_s=cfg.gc_wait_time_ms / 1000.0,
+    def from_config(cls, cfg: GcConfig) -> GcSettings:
+        return cls(gc_wait_s=cfg.wait_time_ms / 1000.0,
                    minor_threshold=cfg.minor_compaction_threshold,
                    minor_interval_s=cfg.minor_compaction_interval_s,
                    major_threshold=cfg.major_compaction_threshold,
@@ -204,51 +199,6 @@ class GcStateStore(Protocol):
         """Persist ``dupes_from`` durably before returning."""
 
 
-class GcStateFile:
-    """``<ledger dir>/GCSTATE`` (format version 1), replaced atomically::
-
-        0   8s   magic b"ZBKGCST\\0"
-        8   u32  format version (1)
-        12  i64  dupes_from: logs with this id or larger may hold unreferenced copies of an
-                 interrupted compaction; -1: none
-        20  u32  crc32c of bytes [0, 20)
-
-    A missing file means -1. A damaged one is reported and ignored: the worst outcome is
-    duplicate copies that stay until their ledgers are deleted, never a lost entry.
-    """
-
-    MAGIC = b"ZBKGCST\x00"
-    VERSION = 1
-    NAME = "GCSTATE"
-    _BODY = struct.Struct("<8sIq")
-    _CRC = struct.Struct("<I")
-
-    def __init__(self, directory: str, disk: Disk = REAL_DISK) -> None:
-        self.path = os.path.join(directory, self.NAME)
-        self._disk = disk
-
-    def load(self) -> int | None:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        body = self._BODY.size
-        if (len(data) != body + self._CRC.size or self._CRC.unpack_from(data, body)[0] != crc32c(data[:body])
-                or data[:8] != self.MAGIC or self._BODY.unpack_from(data)[1] != self.VERSION):
-            log.error("gc: %s is damaged; ignoring it (duplicate compaction copies, if any, stay "
-                      "until their ledgers are deleted)", self.path)
-            return None
-        value = int(self._BODY.unpack_from(data)[2])
-        return None if value < 0 else value
-
-    def save(self, dupes_from: int | None) -> None:
-        if dupes_from is None and not os.path.exists(self.path):
-            return
-        data = self._BODY.pack(self.MAGIC, self.VERSION, -1 if dupes_from is None else dupes_from)
-        self._disk.write_file_atomic(self.path, data + self._CRC.pack(crc32c(data)))
-
-
 # -- the core -------------------------------------------------------------------------------
 
 class Phase(enum.Enum):
@@ -297,8 +247,8 @@ class _Deletion:
 class GcCore:
     name = "gc"
 
-    def __init__(self, settings: GcSettings, *, list_ledger_ids: Callable[[], set[int]], state: GcStateStore,
-                 suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
+    def __init__(self, settings: GcSettings, *, outbox: Outbox, list_ledger_ids: Callable[[], set[int]],
+                 state: GcStateStore, suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
                  ledger_exists: Callable[[int], bool] | None = None) -> None:
         """``suspect_below``: the least unflushed log id when the bookie started; logs below it
         and >= a persisted ``dupes_from`` may hold copies of a compaction cut short.
@@ -310,7 +260,7 @@ class GcCore:
         self.state = state
         self.compaction_allowed = compaction_allowed
         self.tick_interval_s: float | None = settings.tick_s
-        self.outbox: Outbox | None = None
+        self.outbox: Outbox = outbox
         self.dupes_from = state.load()
         self.suspect_below = suspect_below
         self.suspects_scheduled = self.dupes_from is None
@@ -329,7 +279,6 @@ class GcCore:
         self.runs_completed = 0
 
     def _send(self, dest: str, msg: Any) -> None:
-        assert self.outbox is not None
         self.outbox.send(dest, msg)
 
     def _next_seq(self) -> int:

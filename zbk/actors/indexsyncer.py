@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 
 from zbk.actors.base import Outbox
@@ -48,13 +47,13 @@ log = logging.getLogger(__name__)
 class IndexCore:
     name = "index"
 
-    def __init__(self, cache: LedgerCache, *, flush_interval_s: float,
+    def __init__(self, cache: LedgerCache, *, outbox: Outbox, flush_interval_s: float,
                  persist_mark: Callable[[tuple[int, int]], None]) -> None:
         self.cache = cache
         self.tick_interval_s: float | None = min(flush_interval_s, 1.0)
         self.flush_interval_s = flush_interval_s
         self.persist_mark = persist_mark
-        self.outbox: Outbox | None = None
+        self.outbox: Outbox = outbox
         self.cp_seq = 0
         self.cp_in_flight: int | None = None
         self.last_cp_at: float | None = None
@@ -63,12 +62,9 @@ class IndexCore:
         self.dirty_hard_bytes = 2 * cache.bytes_max
 
     def on_message(self, msg: Any, now: float) -> None:
-        assert self.outbox is not None
         cache = self.cache
         if isinstance(msg, IndexPut):
-            # One ledger's entries, or a MULTI_ADD's of several ledgers (ledger_ids)
-            lids = repeat(msg.ledger_id, len(msg.entry_ids)) if msg.ledger_ids is None else msg.ledger_ids
-            cache.put_many(lids, msg.entry_ids, msg.locations)
+            cache.put_many(msg.ledger_ids, msg.entry_ids, msg.locations)
             if cache.needs_flush:
                 self.start_checkpoint(now)
                 if not self.pressure and cache.dirty_bytes >= self.dirty_hard_bytes:
@@ -97,7 +93,6 @@ class IndexCore:
             raise AssertionError(f"index: unexpected message {msg!r}")
 
     def _lookup(self, msg: Lookup) -> None:
-        assert self.outbox is not None
         lid, first = msg.ledger_id, msg.first_entry_id
         entry_ids: list[int] | None = None
         try:
@@ -117,7 +112,6 @@ class IndexCore:
 
     def _lookup_one_by_one(self, msg: Lookup) -> None:
         """The lookup of a range with a damaged index slot: the entries before it, then EIO."""
-        assert self.outbox is not None
         get, lid = self.cache.get, msg.ledger_id
         locations: list[int] = []
         entry_ids: list[int] = []
@@ -156,13 +150,11 @@ class IndexCore:
     def start_checkpoint(self, now: float) -> None:
         if self.cp_in_flight is not None:
             return
-        assert self.outbox is not None
         self.cp_seq += 1
         self.cp_in_flight = self.cp_seq
         self.outbox.send("entrylogger", StartCheckpoint(self.cp_seq))
 
     def _finish_checkpoint(self, msg: Checkpoint, now: float) -> None:
-        assert self.outbox is not None
         written = self.cache.flush()
         self.persist_mark(msg.mark)
         self.outbox.send("journal", TrimJournal(msg.mark))
@@ -177,7 +169,6 @@ class IndexCore:
         self._gc_index_flushed()
 
     def _set_pressure(self, on: bool) -> None:
-        assert self.outbox is not None
         self.pressure = on
         log.log(logging.WARNING if on else logging.INFO,
                 "index: %d MiB of dirty index pages: %s new adds", self.cache.dirty_bytes >> 20,
@@ -186,7 +177,6 @@ class IndexCore:
 
     # -- garbage collection (zbk/actors/gc.py has the protocol and why it is safe) ------------
     def _on_gc(self, msg: Any, now: float) -> None:
-        assert self.outbox is not None
         if isinstance(msg, LocalLedgersRequest):
             self.outbox.send("gc", LocalLedgers(msg.ctx, self.cache.ledgers()))
         elif isinstance(msg, LiveCheck):
@@ -199,7 +189,6 @@ class IndexCore:
             self.outbox.send("entrylogger", msg)
 
     def _live_check(self, msg: LiveCheck) -> None:
-        assert self.outbox is not None
         get = self.cache.get
         try:
             live = [get(lid, eid) == loc for lid, eid, loc in msg.entries]
@@ -211,7 +200,6 @@ class IndexCore:
 
     def _relocate(self, msg: Relocate, now: float) -> None:
         """Conditional puts: a slot moves to the copy only if it still holds the old location."""
-        assert self.outbox is not None
         cache = self.cache
         applied = 0
         rejected: list[tuple[int, int, int]] = []
@@ -237,7 +225,6 @@ class IndexCore:
     def _gc_index_flushed(self) -> None:
         """Called after every completed checkpoint: its index flush ran after every Relocate
         received before it, so the waiting compactions are durable."""
-        assert self.outbox is not None
         for job in self.gc_waiting:
             self.outbox.send("gc", CompactionDurable(job))
         self.gc_waiting.clear()

@@ -34,7 +34,7 @@ class JournalCore:
     name = "journal"
     tick_interval_s: float | None = None
 
-    def __init__(self, writer: JournalWriter, *, sync_data: bool, group_bytes_max: int,
+    def __init__(self, writer: JournalWriter, *, outbox: Outbox, sync_data: bool, group_bytes_max: int,
                  group_wait_s: float) -> None:
         self.writer = writer
         self.sync_data = sync_data
@@ -44,14 +44,11 @@ class JournalCore:
         self.pending_entries = 0
         self.oldest_pending_at: float | None = None
         self.mark_waiters: list[int] = []
-        self.outbox: Outbox | None = None
+        self.outbox: Outbox = outbox
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, JournalAppend):
-            if msg.ledger_ids is None:
-                self.writer.append_adds(msg.ledger_id, msg.entry_ids, msg.blobs)
-            else:  # MULTI_ADD: one group of records for every part
-                self.writer.append_adds_multi(msg.ledger_ids, msg.entry_ids, msg.blobs)
+            self.writer.append_adds(msg.ledger_ids, msg.entry_ids, msg.blobs)
             self.pending_entries += len(msg.blobs)
             self._pend(msg.batch_id, now)
         elif isinstance(msg, JournalMeta):
@@ -63,7 +60,6 @@ class JournalCore:
         elif isinstance(msg, MarkRequest):
             # The mark must follow every record received so far: commit first.
             self.commit()
-            assert self.outbox is not None
             self.outbox.send("entrylogger", Mark(msg.cp_id, tuple(self.writer.mark)))  # type: ignore[arg-type]
         elif isinstance(msg, TrimJournal):
             retired = self.writer.delete_segments_before(LogMark(*msg.mark))
@@ -98,7 +94,6 @@ class JournalCore:
         self.oldest_pending_at = None
         m.JOURNAL_QUEUE_DEPTH.set(0)
         if batches:
-            assert self.outbox is not None
             self.outbox.send("server", Synced(batches))
         # After the acknowledgement, not before: zeros for the next commits to write into.
         self.writer.preallocate()

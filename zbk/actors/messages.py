@@ -35,7 +35,7 @@ Who sends what to whom, and why the order is safe:
    the same pipe. So when the IndexSyncer persists lastMark = M, everything before M is in
    fsynced logs and index.
 3. MULTI_ADD travels as one unit: the accepted parts of one request are one AppendBatch
-   (with ``ledger_ids``, one per entry), hence one Appended, one JournalAppend and one
+   (its ``ledger_ids`` name several ledgers), hence one Appended, one JournalAppend and one
    IndexPut, on the same pipes and in the same steps as a one-ledger batch. Arguments 1
    and 2 hold per entry exactly as before; the master-key records of the request's new
    ledgers are one JournalMeta, sent (after their HeaderUpdates) before the AppendBatch.
@@ -44,37 +44,39 @@ Who sends what to whom, and why the order is safe:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 
 @dataclass(slots=True)
 class AppendBatch:
+    """A batch of adds: entry ``i`` is ``entry_ids[i]`` of ledger ``ledger_ids[i]``, with
+    ``blobs[i]``. An ADD_ENTRY names its one ledger once per entry; a MULTI_ADD names each
+    part's (argument 3 above). The three lists have one length."""
+
     batch_id: int
-    ledger_id: int  # -1 when ``ledger_ids`` is set
+    ledger_ids: list[int]
     entry_ids: list[int]
     blobs: list[bytes]
     journal: bool  # False with journal_write_data = false (BP-46)
-    ledger_ids: list[int] | None = None  # MULTI_ADD: each entry's ledger (argument 3 above)
 
 
 @dataclass(slots=True)
 class Appended:
     batch_id: int
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch
     entry_ids: list[int]
     locations: list[int]
     error: str = ""  # non-empty: the append failed (disk full, I/O error)
     no_space: bool = False
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
 class JournalAppend:
     batch_id: int
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch
     entry_ids: list[int]
     blobs: list[bytes]
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
@@ -103,10 +105,9 @@ class Synced:
 
 @dataclass(slots=True)
 class IndexPut:
-    ledger_id: int
+    ledger_ids: list[int]  # as in the AppendBatch (the Server may join several batches in one)
     entry_ids: list[int]
     locations: list[int]
-    ledger_ids: list[int] | None = None  # as in the AppendBatch
 
 
 @dataclass(slots=True)
@@ -365,3 +366,34 @@ class IndexPressure:
     including the checkpoint that ends the pressure."""
 
     on: bool
+
+
+# -- admin: the HTTP handlers (zbk/bookie/admin.py) -> Server ----------------------------------
+# Those handlers run on the HTTP server's threads: they never read the Server's state, they
+# send it one of these on the admin pipe and, for a question, wait for its answer.
+
+@dataclass(slots=True)
+class SetReadOnly:
+    """PUT /api/v1/bookie/state: the operator's read-only flag (kept apart from the disk
+    checker's, so a disk back under its threshold does not undo it)."""
+
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BookieStatus:
+    """The Server's view of the bookie, as GET /api/v1/bookie/info reports it."""
+
+    read_only: bool
+    ledgers: int
+    limbo_ledgers: int
+    disk_used_bytes: int
+    disk_total_bytes: int
+
+
+@dataclass(slots=True)
+class StatusRequest:
+    """GET /api/v1/bookie/info and /state: the Server completes ``answer`` with a
+    BookieStatus (a Future is safe to complete on one thread and wait on from another)."""
+
+    answer: Future[BookieStatus]

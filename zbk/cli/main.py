@@ -32,7 +32,7 @@ def _bookie(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from zbk.actors.bookie import run_bookie
+    from zbk.bookie.process import run_bookie
     from zbk.config import BookieConfig, load
 
     explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", help="data directory (journal/, ledgers/, index/ below it)")
     b.add_argument("--port", type=int, help="wire port (default 3181)")
     b.add_argument("--http-port", type=int, help="HTTP port for /metrics and the admin API (default 8000)")
-    b.add_argument("--config", help="bookie.toml")
-    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    b.add_argument("--config", help="bookie.toml: top-level keys and a table per component ([journal], ...)")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, as table.key or by its flat name (repeatable)")
     b.set_defaults(func=_bookie)
 
     k = sub.add_parser("keygen", help="write a CURVE key pair (NAME.key public, NAME.key_secret private)")

@@ -22,7 +22,7 @@ from zbk.client.digest import Digest, make_digest, master_key
 from zbk.client.handles import AddDispatcher, LedgerHandle, ReadHandle
 from zbk.client.recovery import check_password, recover
 from zbk.client.transport import Transport, ZmqTransport
-from zbk.config import ClientConfig
+from zbk.config import ClientConfig, with_settings
 from zbk.errors import BadRequestError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
@@ -62,8 +62,8 @@ class ClientContext:
         self.speculative_read_s = config.speculative_read_ms / 1000
         self._digests: dict[tuple[str, bytes], Digest] = {}
         # One master key object per password, shared by every handle opened with it: a
-        # MULTI_ADD packs a key per part, and 10,000 handles' own copies were 10,000 more
-        # objects to reach per round of appends (performance issue #8).
+        # MULTI_ADD packs a key per part, and 10,000 handles' own copies would be 10,000
+        # more objects to reach per round of appends.
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
@@ -125,11 +125,13 @@ class ClientContext:
 class AsyncBookKeeper:
     def __init__(self, metadata_uri: str | None = None, *, config: ClientConfig | None = None,
                  store: MetadataStore | None = None, transport: Transport | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, **settings: Any) -> None:
+        """``settings``: any ClientConfig field by name (``add_timeout_ms=2000``), over those
+        of ``config``; an unknown name is a ConfigError naming the nearest field."""
         if store is None and metadata_uri is None:
             raise BadRequestError("AsyncBookKeeper needs a metadata URI (or a store)")
         self.metadata_uri = metadata_uri
-        self.config = (config or ClientConfig()).validate()
+        self.config = with_settings(config or ClientConfig(), settings, source="BookKeeper").validate()
         self._store = store
         self._owns_store = store is None
         self._transport = transport

@@ -18,7 +18,7 @@ class BatchHistogram:
     """A Prometheus histogram observed a batch at a time: one lock and a bisect per value,
     instead of prometheus_client's Histogram.observe (a lock and a pass over the buckets per
     value, ~1.7 us). A writer confirms hundreds of entries per response and observes each
-    entry's latency, so this was ~5 % of the client's CPU per entry (performance issue #8).
+    entry's latency, so the per-value cost would be a visible share of the client's CPU per entry.
     Exported exactly as a Histogram of the same name and buckets (without ``_created``)."""
 
     def __init__(self, name: str, documentation: str, buckets: Iterable[float], *,

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from typing import TYPE_CHECKING
 
 from zbk.client import metrics as cm
-from zbk.client.handles import LedgerHandle
+from zbk.client.context import HandleContext
+from zbk.client.writing import LedgerHandle
 from zbk.errors import (
     BookieUnavailableError,
     DigestMismatchError,
@@ -40,9 +40,6 @@ from zbk.wire.entry import parse_entry
 from zbk.wire.ops import ReadFlag
 from zbk.wire.status import Status
 
-if TYPE_CHECKING:
-    from zbk.client.bookkeeper import ClientContext
-
 log = logging.getLogger(__name__)
 RECOVERY_READ_ATTEMPTS = 3
 
@@ -53,7 +50,7 @@ def check_password(md: LedgerMetadata, password: bytes) -> None:
         raise UnauthorizedError(f"wrong password for ledger {md.ledger_id}")
 
 
-async def mark_in_recovery(ctx: ClientContext, md: LedgerMetadata, version: int) -> tuple[LedgerMetadata, int]:
+async def mark_in_recovery(ctx: HandleContext, md: LedgerMetadata, version: int) -> tuple[LedgerMetadata, int]:
     while md.state == "OPEN":
         target = md.with_state("IN_RECOVERY")
         try:
@@ -63,7 +60,7 @@ async def mark_in_recovery(ctx: ClientContext, md: LedgerMetadata, version: int)
     return md, version
 
 
-async def fence(ctx: ClientContext, md: LedgerMetadata, master_key: bytes) -> int:
+async def fence(ctx: HandleContext, md: LedgerMetadata, master_key: bytes) -> int:
     """Fence the last ensemble; returns the highest LAC among the positive answers."""
     ensemble = md.last_ensemble
     ec = md.ensemble_size - md.ack_quorum + 1
@@ -100,7 +97,7 @@ async def fence(ctx: ClientContext, md: LedgerMetadata, master_key: bytes) -> in
                                  f"({len(unknown)} unknown: {'; '.join(unknown.values())})")
 
 
-async def recovery_read(ctx: ClientContext, handle: LedgerHandle, entry_id: int,
+async def recovery_read(ctx: HandleContext, handle: LedgerHandle, entry_id: int,
                         md: LedgerMetadata) -> tuple[str, bytes | None, int]:
     """("positive", blob, ledger_length) or ("negative", None, 0); raises when unknown.
 
@@ -154,7 +151,7 @@ async def recovery_read(ctx: ClientContext, handle: LedgerHandle, entry_id: int,
                                   f"negatives ({', '.join(seen)}): not truncating")
 
 
-async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> tuple[LedgerMetadata, int]:
+async def recover(ctx: HandleContext, ledger_id: int, password: bytes) -> tuple[LedgerMetadata, int]:
     """Fence and recover ``ledger_id``; returns the CLOSED metadata and its version."""
     md, version = await ctx.read_metadata(ledger_id)
     check_password(md, password)

@@ -161,8 +161,11 @@ class BookKeeper:
     """The synchronous client: ``with zbk.BookKeeper(uri) as bk: ...``."""
 
     def __init__(self, metadata_uri: str, *, config: ClientConfig | None = None, **kw: Any) -> None:
-        self._lt = _LoopThread()
+        """``kw``: any ClientConfig field by name (``add_timeout_ms=2000``), over those of
+        ``config`` (see AsyncBookKeeper)."""
+        # Settings first: a bad one raises before the loop thread exists.
         self._abk = AsyncBookKeeper(metadata_uri, config=config, **kw)
+        self._lt = _LoopThread()
         try:
             self._lt.run(self._abk.start())
         except BaseException:

@@ -3,9 +3,9 @@
 :class:`Transport` is the seam between the client's protocol logic and the network. The
 real one (:class:`ZmqTransport`) keeps one DEALER per bookie, pipelines requests with ids,
 and routes responses to futures (``request``) or callbacks (``send``, the write path: no
-task or future per request); the simulation harness
-(tests/client/sim.py) implements the same protocol with in-memory bookies that drop,
-delay, pause or answer negative/unknown.
+task or future per request); the simulation harness (tests/client/sim.py) implements the
+same protocol in virtual time, carrying each request's frames to a bookie's real cores and
+their answer back, and can drop, delay or pause them, or answer negative/unknown.
 
 With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and a monitor
 watches its handshakes: a bookie that refuses our key makes requests to it fail at once
@@ -56,10 +56,9 @@ def _encoded(msg: Any) -> list[Any]:
     """``encode(msg)`` with every frame of _ZERO_COPY_BYTES or more wrapped in a zmq.Frame
     that references the bytes: sent to three bookies, a packed add request's blob frame
     (hundreds of KiB) is then copied zero times instead of three; the bytes are immutable
-    and the Frame keeps them alive until libzmq has sent every copy. Measured with 500 x
-    1 KiB entries sent to three DEALERs over loopback TCP: 1.25-1.45 ms of CPU per request
-    copied, 0.53-0.57 ms not. Smaller frames are copied: that is cheaper than a Frame's
-    bookkeeping."""
+    and the Frame keeps them alive until libzmq has sent every copy (copying would be more
+    than half the CPU of sending such a request). Smaller frames are copied: that is
+    cheaper than a Frame's bookkeeping."""
     return [_Frame(f) if len(f) >= _ZERO_COPY_BYTES else f for f in encode(msg)]
 
 

@@ -39,240 +39,56 @@ Semantics:
 
 from __future__ import annotations
 
-import os
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-# python-etcd3's generated code predates protobuf 4: it loads only with the pure-python
-# protobuf runtime, which must be chosen before google.protobuf is first imported.
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
-# zbk forks only to exec (bookies, etcd members, test children). gRPC's fork handlers, on by
-# default, pause and reset its threads and file descriptors around every fork() in the
-# process and are unsafe while other threads are inside gRPC; they are meant for children
-# that go on using gRPC without exec. Off unless the application asks for them.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
-import logging  # noqa: E402
-import random  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
-
-import grpc  # noqa: E402
-
-with warnings.catch_warnings():
-    # The old generated code calls protobuf APIs that now warn on every descriptor.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    try:
-        from etcd3 import etcdrpc
-        from etcd3.etcdrpc import kv_pb2
-    except TypeError as _e:  # "Descriptors cannot be created directly"
-        raise ImportError(
-            "python-etcd3 needs the pure-Python protobuf runtime, but protobuf was loaded with "
-            "another one before zbk.metadata.etcd: set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "
-            "in the environment (or import zbk.metadata.etcd before anything that uses protobuf)"
-        ) from _e
-
-from zbk import limits  # noqa: E402
-from zbk.errors import (  # noqa: E402
+from zbk import limits
+from zbk.errors import (
     ConfigError,
     KeyExistsError,
     LeaseExpiredError,
     MetadataError,
     MetadataUnavailableError,
     MetadataVersionError,
-    WatchCompactedError,
 )
-from zbk.metadata.sqlite import ErrorCallback, prefix_end  # noqa: E402
-from zbk.metadata.store import KeyValue, WatchCallback, WatchEvent  # noqa: E402
+
+# grpc and etcd3's code through etcdconn, which prepares their environment first.
+from zbk.metadata.etcdconn import (
+    _RETRYABLE,
+    _channel_credentials,
+    _closed_channel,
+    _code,
+    _Connection,
+    _details,
+    _stream_error,
+    _Stubs,
+    _token_rejected,
+    _TokenAuth,
+    _translate,
+    deadline_s_default,
+    etcdrpc,
+    grpc,
+    kv_pb2,
+    retry_pause_s_max,
+    retry_pause_s_min,
+    rpc_timeout_s_default,
+    watch_check_interval_s,
+    watch_check_timeout_s,
+)
+from zbk.metadata.etcdwatch import EtcdWatch
+from zbk.metadata.sqlite import ErrorCallback, prefix_end
+from zbk.metadata.store import KeyValue, WatchCallback
+
+# etcdrpc and kv_pb2 stay importable from here (for tests building raw requests).
+__all__ = ["EtcdStore", "EtcdWatch", "etcdrpc", "kv_pb2"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-deadline_s_default = 10.0  # a call keeps retrying across endpoints for this long
-rpc_timeout_s_default = 5.0  # one RPC attempt
-retry_pause_s_min = 0.05
-retry_pause_s_max = 1.0
-watch_check_interval_s = 3.0  # liveness probe of the watch channel
-watch_check_timeout_s = 2.0
-grpc_message_bytes_max = 64 * 1024 * 1024  # a full list page of large ledger metadata
-
-_RETRYABLE = {
-    grpc.StatusCode.UNAVAILABLE,  # unreachable, or "no leader" / "leader changed"
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,  # our channel was closed under the call by a failover
-    grpc.StatusCode.RESOURCE_EXHAUSTED,  # "too many requests"
-    grpc.StatusCode.UNKNOWN,  # transport errors surface as UNKNOWN in some grpc versions
-}
-_CHANNEL_OPTIONS = [
-    # Find a dead peer behind a silent connection (etcd permits pings every >= 5 s while a
-    # stream is open; pings without a stream get the connection closed, so not those).
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 0),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", grpc_message_bytes_max),
-    ("grpc.max_send_message_length", grpc_message_bytes_max),
-]
-_REQUIRE_LEADER = (("hasleader", "true"),)
-
-
-class _TokenAuth:
-    """etcd user/password authentication: one token, fetched on demand, shared by channels."""
-
-    def __init__(self, user: str, password: str) -> None:
-        self.user = user
-        self._password = password
-        self._lock = threading.Lock()
-        self._token: str | None = None
-
-    def token(self, channel: grpc.Channel, timeout: float) -> str:
-        with self._lock:
-            if self._token is None:
-                request = etcdrpc.AuthenticateRequest(name=self.user, password=self._password)
-                try:
-                    self._token = str(etcdrpc.AuthStub(channel).Authenticate(request, timeout=timeout).token)
-                except grpc.RpcError as e:
-                    if _code(e) in _RETRYABLE:
-                        raise
-                    raise MetadataError(f"etcd: authentication as user {self.user!r} failed: {_details(e)} "
-                                        "(check the user and password of the metadata URI)") from None
-            return self._token
-
-    def invalidate(self, token: str | None = None) -> None:
-        """Forget the token (if it is still ``token``): the next call authenticates again."""
-        with self._lock:
-            if token is None or token == self._token:
-                self._token = None
-
-    @property
-    def current(self) -> str | None:
-        return self._token
-
-
-class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
-
-
-class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds the auth token to the metadata of every call made through a channel."""
-
-    def __init__(self, auth: _TokenAuth, raw: grpc.Channel, timeout_s: float) -> None:
-        self._auth, self._raw, self._timeout_s = auth, raw, timeout_s
-
-    def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
-        token = self._auth.token(self._raw, details.timeout or self._timeout_s)
-        return _CallDetails(details, [*(details.metadata or ()), ("token", token)])
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
-def _channel_credentials(ca_cert: str, cert_key: str, cert_cert: str) -> grpc.ChannelCredentials | None:
-    if not (ca_cert or cert_cert):
-        return None
-
-    def read(path: str) -> bytes | None:
-        if not path:
-            return None
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise ConfigError(f"etcd TLS: cannot read {path}: {e}") from None
-
-    return grpc.ssl_channel_credentials(root_certificates=read(ca_cert), private_key=read(cert_key),
-                                        certificate_chain=read(cert_cert))
-
-
-class _Stubs:
-    def __init__(self, channel: grpc.Channel, generation: int) -> None:
-        self.generation = generation
-        self.kv = etcdrpc.KVStub(channel)
-        self.lease = etcdrpc.LeaseStub(channel)
-        self.watch = etcdrpc.WatchStub(channel)
-
-
-class _Connection:
-    """One gRPC channel to one of the endpoints; ``fail`` moves to the next endpoint.
-
-    ``generation`` counts channels, so that many threads seeing one broken channel cause
-    one failover, not one each."""
-
-    def __init__(self, endpoints: list[str], first: int, *, credentials: grpc.ChannelCredentials | None = None,
-                 auth: _TokenAuth | None = None, auth_timeout_s: float = rpc_timeout_s_default) -> None:
-        assert endpoints
-        self._endpoints = endpoints
-        self._index = first % len(endpoints)
-        self._lock = threading.Lock()
-        self._generation = 0
-        self._credentials = credentials
-        self._auth = auth
-        self._auth_timeout_s = auth_timeout_s
-        self._channel, self._stubs = self._open(0)
-        self._closed = False
-
-    def _open(self, generation: int) -> tuple[grpc.Channel, _Stubs]:
-        target = self._endpoints[self._index]
-        if self._credentials is not None:
-            raw = grpc.secure_channel(target, self._credentials, options=_CHANNEL_OPTIONS)
-        else:
-            raw = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        channel = raw
-        if self._auth is not None:
-            channel = grpc.intercept_channel(raw, _TokenInterceptor(self._auth, raw, self._auth_timeout_s))
-        return raw, _Stubs(channel, generation)
-
-    @property
-    def endpoint(self) -> str:
-        return self._endpoints[self._index]
-
-    def current(self) -> _Stubs:
-        with self._lock:
-            if self._closed:
-                raise MetadataError("etcd metadata store is closed")
-            return self._stubs
-
-    def fail(self, generation: int) -> None:
-        with self._lock:
-            if self._closed or generation != self._generation:
-                return
-            old = self._channel
-            self._index = (self._index + 1) % len(self._endpoints)
-            self._generation += 1
-            self._channel, self._stubs = self._open(self._generation)
-        old.close()
-        log.info("etcd: switched to endpoint %s", self.endpoint)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-        self._channel.close()
-
-
-def _closed_channel(e: ValueError) -> bool:
-    msg = str(e).lower()
-    return "closed channel" in msg or "channel closed" in msg
 
 
 class EtcdStore:
@@ -513,178 +329,6 @@ class EtcdStore:
                 pass  # the channel was just replaced
 
 
-class _StreamBroken(Exception):
-    """The current watch stream ended; re-watch."""
-
-
-class _WatchCancelled(MetadataError):
-    """cancel() interrupted the opening of a stream."""
-
-
-class EtcdWatch:
-    """One watch: a thread consuming one gRPC watch stream at a time."""
-
-    def __init__(self, store: EtcdStore, prefix: bytes, callback: WatchCallback, start: int,
-                 on_error: ErrorCallback | None) -> None:
-        self._store = store
-        self._prefix = prefix
-        self._end = prefix_end(prefix)
-        self._callback = callback
-        self._on_error = on_error
-        self._last = start - 1  # revision of the last event delivered
-        self._cancelled = threading.Event()
-        self._call_lock = threading.Lock()
-        self._call: Any = None  # the current stream, cancelled by cancel()
-        self._stream_done: threading.Event = threading.Event()
-        self._generation = -1  # of the channel the current stream runs on
-        self._thread: threading.Thread | None = None
-
-    @property
-    def last_revision(self) -> int:
-        return self._last
-
-    def start(self) -> None:
-        """Open the first stream in the caller's thread (so that errors reach the caller),
-        then hand it to the watch thread."""
-        store = self._store
-        responses = store._call("watch", self._open, store._watch_conn)
-        self._thread = threading.Thread(target=self._run, args=(responses,), daemon=True,
-                                        name=f"zbk-etcd-watch:{self._prefix.decode(errors='replace')}")
-        self._thread.start()
-
-    def _open(self, stubs: _Stubs, timeout: float) -> Iterator[Any]:
-        """Create a stream from last_revision + 1 and wait for etcd to confirm it."""
-        self._check_not_compacted(stubs, timeout)
-        create = etcdrpc.WatchCreateRequest(key=self._prefix, range_end=self._end, start_revision=self._last + 1)
-        done = threading.Event()
-        call = stubs.watch.Watch(_requests(etcdrpc.WatchRequest(create_request=create), done),
-                                 metadata=_REQUIRE_LEADER)
-        with self._call_lock:
-            self._call, self._stream_done, self._generation = call, done, stubs.generation
-        timer = threading.Timer(timeout, call.cancel)  # no answer in time: treat as unreachable
-        timer.start()
-        try:
-            if self._cancelled.is_set():
-                call.cancel()
-            first = next(call)
-            if first.compact_revision:
-                raise WatchCompactedError(f"watch on {self._prefix.decode()!r}: revision {self._last + 1} is "
-                                          f"compacted (history starts at {first.compact_revision})")
-            if not first.created or first.canceled:
-                raise _stream_error(f"watch not created: {first.cancel_reason or 'no reason given'}")
-            return call
-        except BaseException as e:
-            call.cancel()
-            done.set()  # releases the request iterator's thread
-            if self._cancelled.is_set():
-                raise _WatchCancelled() from None
-            if isinstance(e, StopIteration):
-                raise _stream_error("watch stream closed before it was created") from None
-            raise
-        finally:
-            timer.cancel()
-
-    def _check_not_compacted(self, stubs: _Stubs, timeout: float) -> None:
-        """etcd confirms a watch below its compaction point first and cancels it only in a
-        later message; a read at the start revision tells us at once."""
-        probe = etcdrpc.RangeRequest(key=self._prefix, revision=self._last + 1, count_only=True)
-        try:
-            stubs.kv.Range(probe, timeout=timeout)
-        except grpc.RpcError as e:
-            if _code(e) != grpc.StatusCode.OUT_OF_RANGE:
-                raise
-            if "compacted" in _details(e):
-                raise WatchCompactedError(f"watch on {self._prefix.decode()!r}: revision {self._last + 1} "
-                                          "is compacted") from None
-            # "future revision": nothing to miss yet
-
-    def _run(self, responses: Iterator[Any] | None) -> None:
-        while responses is not None:
-            try:
-                self._consume(responses)
-            except (grpc.RpcError, _StreamBroken) as e:
-                if not self._cancelled.is_set():
-                    reason = _details(e) if isinstance(e, grpc.RpcError) else str(e)
-                    log.info("etcd watch on %s: stream broke (%s); re-watching from %d",
-                             self._prefix.decode(), reason, self._last + 1)
-                    self._store._watch_conn.fail(self._generation)
-            finally:
-                self._stream_done.set()
-            responses = None if self._cancelled.is_set() else self._reopen()
-
-    def _reopen(self) -> Iterator[Any] | None:
-        """A new stream from last_revision + 1, or None if the watch is over."""
-        store = self._store
-        while not self._cancelled.is_set():
-            try:
-                return store._call("re-watch", self._open, store._watch_conn)
-            except _WatchCancelled:
-                return None
-            except MetadataUnavailableError as e:
-                # A watch outlives any outage: the callers rely on it to survive restarts.
-                log.warning("etcd watch on %s: %s; still trying", self._prefix.decode(), e)
-            except MetadataError as e:  # compacted, or the store was closed
-                if not self._cancelled.is_set() and not store._stop.is_set():
-                    self._stop_with(e)
-                return None
-        return None
-
-    def _consume(self, responses: Iterator[Any]) -> None:
-        for response in responses:
-            if response.compact_revision:
-                raise _StreamBroken(f"compacted at {response.compact_revision}")
-            if response.canceled:
-                raise _StreamBroken(f"cancelled by etcd: {response.cancel_reason}")
-            floor = self._last  # events of one revision arrive in one response
-            for ev in response.events:
-                if self._cancelled.is_set():
-                    return
-                if ev.kv.mod_revision <= floor:
-                    continue  # already delivered before a reconnect
-                self._deliver(ev)
-        raise _StreamBroken("stream ended")
-
-    def _deliver(self, ev: Any) -> None:
-        is_put = ev.type == kv_pb2.Event.PUT
-        event = WatchEvent(kind="put" if is_put else "delete",
-                           key=ev.kv.key[len(self._store._prefix):].decode(),
-                           value=ev.kv.value if is_put else None, revision=ev.kv.mod_revision)
-        self._last = event.revision
-        try:
-            self._callback(event)
-        except Exception:
-            log.exception("watch callback failed on %s", event)
-
-    def _stop_with(self, err: Exception) -> None:
-        self._cancelled.set()
-        self._store._unregister(self)
-        if self._on_error is None:
-            log.error("etcd watch on %s stopped: %s", self._prefix.decode(), err)
-            return
-        try:
-            self._on_error(err)
-        except Exception:
-            log.exception("watch error callback failed")
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-        self._store._unregister(self)
-        with self._call_lock:
-            call, done = self._call, self._stream_done
-        if call is not None:
-            call.cancel()
-        done.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-
-def _requests(create: Any, done: threading.Event) -> Iterator[Any]:
-    """The request side of a watch stream: the create request, then silence until the
-    stream is finished (ending the iterator would half-close the stream)."""
-    yield create
-    done.wait()
-
 
 def _keepalive_once(stubs: _Stubs, lease: int, timeout: float) -> int:
     """One keep-alive round trip on a short-lived stream; the lease's remaining TTL (0: gone)."""
@@ -717,43 +361,3 @@ def _conflict(key: str, version: int, response: Any) -> str:
     return f"key {key!r}: expected version {version}, found {found}"
 
 
-class _GrpcLikeError(grpc.RpcError):
-    """A broken stream that grpc reported as a normal end: retry it like UNAVAILABLE."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self._message = message
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return self._message
-
-
-def _stream_error(message: str) -> grpc.RpcError:
-    return _GrpcLikeError(message)
-
-
-def _code(e: grpc.RpcError) -> grpc.StatusCode:
-    code = getattr(e, "code", None)
-    return code() if callable(code) else grpc.StatusCode.UNKNOWN
-
-
-def _details(e: grpc.RpcError) -> str:
-    details = getattr(e, "details", None)
-    return str(details() if callable(details) else e)
-
-
-def _token_rejected(e: grpc.RpcError) -> bool:
-    return _code(e) == grpc.StatusCode.UNAUTHENTICATED or (
-        _code(e) == grpc.StatusCode.INVALID_ARGUMENT and "invalid auth token" in _details(e))
-
-
-def _translate(e: grpc.RpcError, what: str) -> Exception:
-    code, details = _code(e), _details(e)
-    if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
-        return LeaseExpiredError(f"etcd: {what}: {details}")
-    if code == grpc.StatusCode.OUT_OF_RANGE and "compacted" in details:
-        return WatchCompactedError(f"etcd: {what}: {details}")
-    return MetadataError(f"etcd: {what}: {code.name}: {details}")

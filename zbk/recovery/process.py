@@ -2,7 +2,9 @@
 
     zbk autorecovery --metadata URI [--http-port 8100] [--set key=value ...]
 
-Keys for ``--set`` are those of :class:`zbk.config.AutoRecoveryConfig`. One lease (TTL
+Keys for ``--set`` are those of :class:`zbk.config.AutoRecoveryConfig`: its own at the
+top level, the auditor's and replicators' in ``[autorecovery]`` (``--set
+autorecovery.replicator_workers=4`` or flat, ``--set replicator_workers=4``). One lease (TTL
 ``lease_ttl_s``) binds this process's auditor leadership and ledger locks: if the process
 dies they vanish with it; if the lease is lost while running, the process exits with code 1
 rather than keep working without it (crash, don't limp). SIGTERM / SIGINT stop it cleanly:
@@ -25,9 +27,12 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zbk.errors import EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from zbk.config import AutoRecoveryConfig
 
 log = logging.getLogger(__name__)
 stop_timeout_s = 30.0
@@ -50,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     return run_autorecovery(cfg)
 
 
-def advertised_host(cfg: Any) -> str:
+def advertised_host(cfg: AutoRecoveryConfig) -> str:
     """The host part of this process's id: two processes must never share an id, since it
     owns ledger locks. A wildcard bind address says nothing about the host: use its name."""
     import socket
@@ -65,9 +70,9 @@ def advertised_host(cfg: Any) -> str:
 class AutoRecovery:
     """The parts of one autorecovery process, started and stopped in order."""
 
-    def __init__(self, cfg: Any, *, stop_event: threading.Event | None = None, http: Any = None) -> None:
+    def __init__(self, cfg: AutoRecoveryConfig, *, stop_event: threading.Event | None = None, http: Any = None) -> None:
         """``http``: an AdminHttpServer to add the routes to (a bookie's, with
-        ``autorecovery_enabled``); by default the process serves its own."""
+        ``autorecovery.enabled``); by default the process serves its own."""
         from zbk.metadata.coordination import LeaseKeeper
         from zbk.metadata.uri import open_store
         from zbk.metrics.http import AdminHttpServer
@@ -97,19 +102,21 @@ class AutoRecovery:
 
         lease = self.lease.start()
         self.registry = UnderReplicationRegistry(self.store, self.candidate_id)
-        init_recovery_delay(self.store, self.cfg.lost_bookie_recovery_delay_s)
+        init_recovery_delay(self.store, self.cfg.autorecovery.lost_bookie_recovery_delay_s)
         self._routes()
         if self._own_http:
             self.http.start()
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
-                               default_delay_s=self.cfg.lost_bookie_recovery_delay_s,
-                               check_interval_s=self.cfg.auditor_periodic_check_interval_s, on_crash=self._crashed,
+                               default_delay_s=self.cfg.autorecovery.lost_bookie_recovery_delay_s,
+                               check_interval_s=self.cfg.autorecovery.auditor_periodic_check_interval_s,
+                               on_crash=self._crashed,
                                client_config=self.cfg.client_config())
         self.auditor.start()
         self._replicator_thread = threading.Thread(target=self._run_replicator, args=(lease,),
                                                    name="zbk-replicator", daemon=True)
         self._replicator_thread.start()
-        log.info("autorecovery %s: running (%d replicator worker(s))", self.candidate_id, self.cfg.replicator_workers)
+        log.info("autorecovery %s: running (%d replicator worker(s))", self.candidate_id,
+                 self.cfg.autorecovery.replicator_workers)
 
     def _crashed(self) -> None:
         self.exit_code = EXIT_FAILED
@@ -129,9 +136,10 @@ class AutoRecovery:
         client_cfg = self.cfg.client_config()
         ctx = ClientContext.over_zmq(self.store, client_cfg)
         self._loop = asyncio.get_running_loop()
-        self._replicator = Replicator(ctx, self.registry, lease, workers=self.cfg.replicator_workers,
-                                      grace_period_s=self.cfg.open_ledger_rereplication_grace_period_s,
-                                      rate_bytes_per_s=self.cfg.replication_rate_bytes)
+        rc = self.cfg.autorecovery
+        self._replicator = Replicator(ctx, self.registry, lease, workers=rc.replicator_workers,
+                                      grace_period_s=rc.open_ledger_rereplication_grace_period_s,
+                                      rate_bytes_per_s=rc.replication_rate_bytes)
         if self.stop_event.is_set():
             self._replicator.stop()
         try:
@@ -177,7 +185,7 @@ class AutoRecovery:
         self.store.close()
 
 
-def run_autorecovery(cfg: Any) -> int:
+def run_autorecovery(cfg: AutoRecoveryConfig) -> int:
     """Run until SIGTERM/SIGINT (or a lost lease); returns the exit code."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

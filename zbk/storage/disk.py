@@ -97,6 +97,62 @@ SYNCFS_REPORTS_ERRORS = _syncfs is not None
 """True where :meth:`RealDisk.syncfs` exists and reports writeback errors (Linux >= 5.8)."""
 
 
+def mountinfo_fs_type(mountinfo: str, dev: tuple[int, int], path: str) -> str | None:
+    """The type of the file system (``ext4``, ``fuse.sshfs``, ...) that holds ``path``, whose
+    ``st_dev`` is ``dev`` (major, minor), from the text of a ``/proc/<pid>/mountinfo``: the
+    mount of that device, else the mount with the longest mount point above ``path``
+    (devices that mountinfo does not name, such as btrfs subvolumes). None when no line
+    fits. A line reads ``id parent major:minor root mount-point options [optional
+    fields...] - fstype source super-options``."""
+    want = f"{dev[0]}:{dev[1]}"
+    by_dev: str | None = None
+    best: tuple[int, str] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        sep = fields.index("-", 6) if "-" in fields[6:] else len(fields)
+        if sep + 1 >= len(fields):
+            continue
+        fstype = fields[sep + 1]
+        if fields[2] == want:
+            by_dev = fstype  # the last such line: the mount on top
+        point = fields[4].replace("\\040", " ")
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) >= best[0]:
+                best = (len(point), fstype)
+    return by_dev if by_dev is not None else (best[1] if best else None)
+
+
+def syncfs_untrusted_fs(path: str) -> str | None:
+    """The type of the file system holding ``path`` when its syncfs cannot be trusted to make
+    data durable, else None. FUSE is such a one: Linux forwards syncfs to no FUSE daemon
+    but virtiofs's, so there a syncfs returns 0 and writes nothing back (a checkpoint made
+    durable by it would be lost in a power cut); such file systems must be synced file by
+    file. Unknown (no mountinfo): None."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            fstype = mountinfo_fs_type(f.read(), (os.major(st.st_dev), os.minor(st.st_dev)), real)
+    except OSError:
+        return None
+    return fstype if fstype is not None and fstype.startswith("fuse") else None
+
+
+def makedirs_durable(path: str, disk: Disk | None = None) -> None:
+    """``os.makedirs(path, exist_ok=True)``, then fsync the parent of every directory it
+    created, top down: a new directory's name is durable only once its parent is fsynced,
+    and a bookie whose journal, ledger or index directory vanishes in a power cut comes back
+    without its cookies and its data."""
+    created: list[str] = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p) and os.path.dirname(p) != p:
+        created.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    for d in reversed(created):
+        (disk or REAL_DISK).fsync_dir(os.path.dirname(d))
+
+
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit of open descriptors (``RLIMIT_NOFILE``) to its hard
     limit, as a bookie that keeps thousands of index files open needs (many systems start

@@ -1,36 +1,6 @@
-"""Entry logs: where entry blobs live (format version 1).
-
-Files
-    ``<ledger dir>/<log id as 8 hex digits>.log``. Log ids are unique across all ledger
-    directories and only grow: ``<ledger dir>/LASTLOGID`` (written atomically at flushes
-    that created logs) remembers the highest id handed out, so ids are not reused after
-    the newest logs were garbage collected. A new log goes to the ledger directory with
-    the lowest used fraction. Ids fit in 24 bits and offsets in 40 bits: a *location* is
-    one int, ``(log_id << 40) | offset`` of the record.
-
-Header (24 bytes)::
-
-    0   8s   magic  b"ZBKELOG\\0"
-    8   u32  format version (1)
-    12  u64  log id (must match the file name)
-    20  u32  crc32c of bytes [0, 20)
-
-Record (little-endian)::
-
-    0   u32  length: bytes after the crc (ledger id + entry id + blob), >= 16
-    4   u32  crc32c of those ``length`` bytes
-    8   u64  ledger id
-    16  i64  entry id
-    24  ...  the entry blob, exactly as the client sent it
-
-Footer (written when a log is rotated or closed; appended after the records)::
-
-    body      CBOR map {"v": 1, "log": log id, "end": data end offset,
-                        "usage": {ledger id: bytes of its records, headers included}}
-    trailer   u64 footer offset | u32 body length | u32 crc32c(body) | 8s b"ZBKEFOOT"
-
-    The trailer is the last 24 bytes of the file, so GC learns a log's per-ledger usage
-    from one read, without scanning. ``end`` is where records stop.
+"""Entry logs: where entry blobs live. The format (files, header, records, footer, and
+sealing after a crash) is in zbk/storage/entrylogformat.py; reads in
+zbk/storage/entrylogreader.py.
 
 Writing
     Appends are encoded into a per-log in-memory buffer (``write_buffer_bytes``) and
@@ -38,16 +8,6 @@ Writing
     writes every buffer and fsyncs every log (and directory) with unsynced data: it is the
     first step of a checkpoint. Until then entries live only in memory or the page cache:
     the journal, not the entry log, is what makes an acknowledged add durable.
-
-Crash recovery ("sealing")
-    A log without a valid footer was being written when the bookie stopped. On open, the
-    writer scans it from the header, stops at the first bad record (short, bad length,
-    CRC mismatch), and appends a footer whose ``end`` is that offset. Nothing is
-    truncated: bytes after ``end`` are kept for inspection, but reading a location at or
-    after ``end`` is a :class:`CorruptDataError`, never a wrong answer. A sealed log is
-    read strictly: a bad record before ``end`` is :class:`CorruptDataError`. Torn tails
-    hold only entries that were never flushed; checkpoints flush the entry logs before
-    the index points at them, and journal replay re-adds newer entries into new logs.
 
 Page cache ("drop behind", ``keep_cached_bytes``)
     Of everything the writer has written, the last ``keep_cached_bytes`` (across its logs)
@@ -58,9 +18,9 @@ Page cache ("drop behind", ``keep_cached_bytes``)
     (``writeback_bytes`` starts their writeback early). Why: data written once and read
     rarely would otherwise keep asking the kernel for new memory. Freed pages are reused
     by the next writes at once; new ones cost reclaim on a full machine, and on a VM whose
-    balloon reports free memory to the host, a fault into the host per page. Measured on
-    this project's VM (``bench/ab.py``, three bookies at window 1,000, 2026-11-24): 50,096
-    against 55,482 entries/s, system CPU 30-35 % against 18-26 %. Reads of older entries
+    balloon reports free memory to the host, a fault into the host per page.
+    ``bench/ab.py --a-set entry_log_keep_cached_mb=0`` measures the gain (docs/performance.md,
+    "What limits throughput at window 1,000"). Reads of older entries
     are served from disk (with the kernel's readahead). ``keep_cached_bytes=0``: caching is
     left to the kernel.
 
@@ -80,215 +40,53 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import struct
 from collections import OrderedDict, deque
-from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import repeat
-from typing import Any
+from collections.abc import Iterator, Sequence
 
-import cbor2
 from crc32c import crc32c
 
 from zbk import limits
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieIOError, CorruptDataError
 from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.entrylogformat import (
+    _CRC,
+    _DROP_STEP_BYTES,
+    _LAST_ID,
+    _LENGTH_MIN,
+    HEADER_BYTES,
+    LAST_ID_FILE,
+    LAST_ID_MAGIC,
+    LOG_ID_MAX,
+    OFFSET_BITS,
+    OFFSET_MASK,
+    RECORD_HEADER_BYTES,
+    Footer,
+    _encode_footer,
+    _encode_header,
+    _header_ok,
+    _pack_ids,
+    _pack_prefix,
+    _records,
+    _usage_of,
+    list_logs,
+    log_name,
+    make_location,
+    read_footer,
+    scan_file,
+    split_location,
+)
+from zbk.storage.entrylogreader import EntryLogReads, ReadBatch, _Log
+
+# The format's names stay importable from here, beside the writer.
+__all__ = ["HEADER_BYTES", "LAST_ID_FILE", "OFFSET_BITS", "OFFSET_MASK", "RECORD_HEADER_BYTES", "EntryLogWriter",
+           "Footer", "ReadBatch", "list_logs", "log_name", "make_location", "read_footer", "scan_file",
+           "split_location"]
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-LOG_MAGIC = b"ZBKELOG\x00"
-FOOTER_MAGIC = b"ZBKEFOOT"
-LAST_ID_MAGIC = b"ZBKLGID\x00"
-LOG_SUFFIX = ".log"
-LAST_ID_FILE = "LASTLOGID"
 
-OFFSET_BITS = 40
-OFFSET_MASK = (1 << OFFSET_BITS) - 1
-LOG_ID_MAX = (1 << (64 - OFFSET_BITS)) - 1
-
-_LOG_HEADER = struct.Struct("<8sIQ")
-_CRC = struct.Struct("<I")
-HEADER_BYTES = _LOG_HEADER.size + _CRC.size  # 24
-_PREFIX = struct.Struct("<II")  # length, crc32c
-_IDS = struct.Struct("<Qq")  # ledger id, entry id
-RECORD_HEADER_BYTES = _PREFIX.size + _IDS.size  # 24
-_LENGTH_MIN = _IDS.size
-_LENGTH_MAX = _IDS.size + limits.entry_bytes_max + 4096  # room for the entry's own header/digest
-_TRAILER = struct.Struct("<QII8s")
-_LAST_ID = struct.Struct("<8sQ")
-_REC = struct.Struct("<IIQq")  # a record's header: length, crc32c, ledger id, entry id
-_READ_FDS_MAX = 64
-_DROP_STEP_BYTES = 4 * 1024 * 1024  # drop behind in steps of at least this much
-_READ_GUESS_BYTES = 4096
-# Range reads (read_entries) coalesce records that lie close together in one log into one
-# pread of at most _RUN_BYTES_MAX. A location more than _RUN_GAP_MAX past the previous one
-# (a large entry, or records of other ledgers in between) starts a new run, so a run never
-# drags much more than the records it serves through memory.
-_RUN_BYTES_MAX = 1 << 20
-_RUN_GAP_MAX = 16 << 10
-_pack_ids = _IDS.pack
-_pack_prefix = _PREFIX.pack
-
-
-def make_location(log_id: int, offset: int) -> int:
-    return (log_id << OFFSET_BITS) | offset
-
-
-def split_location(location: int) -> tuple[int, int]:
-    return location >> OFFSET_BITS, location & OFFSET_MASK
-
-
-def log_name(log_id: int) -> str:
-    return f"{log_id:08x}{LOG_SUFFIX}"
-
-
-def list_logs(directory: str) -> dict[int, str]:
-    """``{log id: path}`` of the entry logs in ``directory``."""
-    out = {}
-    for name in os.listdir(directory):
-        stem, dot, ext = name.partition(".")
-        if dot and "." + ext == LOG_SUFFIX and len(stem) == 8:
-            try:
-                out[int(stem, 16)] = os.path.join(directory, name)
-            except ValueError:
-                continue
-    return out
-
-
-def _encode_header(log_id: int) -> bytes:
-    head = _LOG_HEADER.pack(LOG_MAGIC, FORMAT_VERSION, log_id)
-    return head + _CRC.pack(crc32c(head))
-
-
-def _header_ok(data: bytes, log_id: int) -> bool:
-    if len(data) < HEADER_BYTES:
-        return False
-    magic, version, lid = _LOG_HEADER.unpack_from(data, 0)
-    (crc,) = _CRC.unpack_from(data, _LOG_HEADER.size)
-    return (magic == LOG_MAGIC and crc == crc32c(data[: _LOG_HEADER.size])
-            and version == FORMAT_VERSION and lid == log_id)
-
-
-def _encode_footer(log_id: int, data_end: int, usage: dict[int, int], footer_offset: int) -> bytes:
-    body = cbor2.dumps({"v": FORMAT_VERSION, "log": log_id, "end": data_end, "usage": usage})
-    return body + _TRAILER.pack(footer_offset, len(body), crc32c(body), FOOTER_MAGIC)
-
-
-@dataclass(frozen=True)
-class Footer:
-    data_end: int
-    usage: dict[int, int]
-
-
-def read_footer(fd: int, log_id: int) -> Footer | None:
-    """The log's footer, or ``None`` when it has none (or a damaged one: then it is resealed)."""
-    size = os.fstat(fd).st_size
-    if size < HEADER_BYTES + _TRAILER.size:
-        return None
-    offset, length, crc, magic = _TRAILER.unpack(os.pread(fd, _TRAILER.size, size - _TRAILER.size))
-    if magic != FOOTER_MAGIC or offset < HEADER_BYTES or offset + length + _TRAILER.size != size:
-        return None
-    body = os.pread(fd, length, offset)
-    if crc32c(body) != crc:
-        return None
-    try:
-        doc: Any = cbor2.loads(body)
-    except (cbor2.CBORDecodeError, ValueError):
-        return None
-    if not _footer_doc_ok(doc, log_id, offset):
-        return None
-    return Footer(doc["end"], dict(doc["usage"]))
-
-
-def _footer_doc_ok(doc: Any, log_id: int, footer_offset: int) -> bool:
-    if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or doc.get("log") != log_id:
-        return False
-    end, usage = doc.get("end"), doc.get("usage")
-    if not isinstance(end, int) or not HEADER_BYTES <= end <= footer_offset or not isinstance(usage, dict):
-        return False
-    return all(isinstance(k, int) and isinstance(v, int) for k, v in usage.items())
-
-
-def _records(mm: mmap.mmap | bytes, start: int, end: int,
-             strict_path: str = "") -> Generator[tuple[int, int, int, bytes], None, int]:
-    """Yield ``(ledger id, entry id, offset, blob)`` of valid records in [start, end).
-
-    Returns the offset where valid records stop (``end`` when all of them are valid); with
-    ``strict_path`` a bad record raises :class:`CorruptDataError` naming that file instead.
-    """
-    pos = start
-    while pos < end:
-        if not _record_ok(mm, pos, end):
-            if strict_path:
-                raise CorruptDataError("entry log record is corrupt", path=strict_path, offset=pos)
-            return pos
-        (length,) = _CRC.unpack_from(mm, pos)
-        rec_end = pos + _PREFIX.size + length
-        ledger_id, entry_id = _IDS.unpack_from(mm, pos + _PREFIX.size)
-        yield ledger_id, entry_id, pos, mm[pos + RECORD_HEADER_BYTES:rec_end]
-        pos = rec_end
-    return end
-
-
-def _record_ok(mm: mmap.mmap | bytes, pos: int, end: int) -> bool:
-    if pos + RECORD_HEADER_BYTES > end:
-        return False
-    length, crc = _PREFIX.unpack_from(mm, pos)
-    rec_end = pos + _PREFIX.size + length
-    return _LENGTH_MIN <= length <= _LENGTH_MAX and rec_end <= end and crc32c(mm[pos + _PREFIX.size:rec_end]) == crc
-
-
-def scan_file(path: str) -> Iterator[tuple[int, int, int, bytes]]:
-    """Offline reader (``zbk shell readlog``): the valid records of one log file, leniently.
-
-    Yields ``(ledger id, entry id, offset, blob)`` up to the footer's ``end`` (or, without a
-    footer, up to the first bad record).
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    footer = None
-    if len(data) >= HEADER_BYTES:
-        lid = _LOG_HEADER.unpack_from(data, 0)[2]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            footer = read_footer(fd, lid)
-        finally:
-            os.close(fd)
-    end = footer.data_end if footer else len(data)
-    yield from _records(data, HEADER_BYTES, end)
-
-
-@dataclass(slots=True)
-class ReadBatch:
-    """What :meth:`EntryLogWriter.read_entries` read: the blobs (read-only views into the
-    buffers they were read into, or copies where a buffer served little), and why it
-    stopped before the last location (a damaged record, an I/O error), or ``None``."""
-
-    blobs: list[memoryview | bytes]
-    error: CorruptDataError | OSError | None = None
-
-
-@dataclass(eq=False)
-class _Log:
-    """One entry log open for writing (active), or rotated but not yet fsynced (retired)."""
-
-    log_id: int
-    path: str
-    directory: str
-    fd: int
-    key: int  # ledger id in per-ledger mode, -1 in interleaved mode
-    written: int = 0  # bytes in the file; the buffer continues from here
-    buf: bytearray = field(default_factory=bytearray)
-    usage: dict[int, int] = field(default_factory=dict)
-    unsynced: bool = False  # written but not fsynced
-    writeback_from: int = 0  # file offset from which no writeback was started yet
-    new_name: bool = True  # its directory entry is not yet fsynced
-    last_access: float = 0.0
-
-
-class EntryLogWriter:
+class EntryLogWriter(EntryLogReads):
     """Owns every entry log of a bookie: appends, reads, rotation, flush, usage.
 
     One owner (the EntryLogger actor); not thread-safe.
@@ -430,16 +228,14 @@ class EntryLogWriter:
             self._write_out(lg)
         return (lg.log_id << OFFSET_BITS) | pos
 
-    def append_batch(self, ledger_id: int, entry_ids: Sequence[int], blobs: Sequence[bytes],
-                     ledger_ids: Sequence[int] | None = None) -> list[int]:
-        """:meth:`append` of each entry in order (of ``ledger_id``, or of ``ledger_ids[i]``),
+    def append_batch(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], blobs: Sequence[bytes]) -> list[int]:
+        """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order,
         returning their locations: the same bytes, locations and rotations, with the loop's
         per-entry work in one place (the add path's largest per-entry cost in a bookie
         profile) and one write of the buffer at the end instead of one per
         ``entry_log_write_buffer_bytes``. Durable only after :meth:`flush`."""
-        lids: Iterable[int] = ledger_ids if ledger_ids is not None else repeat(ledger_id, len(entry_ids))
         if self._per_ledger:  # a log per ledger: rotation and access times are per entry
-            return [self.append(lid, eid, blob) for lid, eid, blob in zip(lids, entry_ids, blobs, strict=True)]
+            return [self.append(lid, eid, blob) for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True)]
         if self._failed is not None:
             raise BookieIOError(f"entry logger failed earlier: {self._failed}")
         lg = self._active.get(-1)
@@ -449,7 +245,7 @@ class EntryLogWriter:
         buf, base, usage, high = lg.buf, lg.written, lg.usage, lg.log_id << OFFSET_BITS
         locations: list[int] = []
         append = locations.append
-        for lid, eid, blob in zip(lids, entry_ids, blobs, strict=True):
+        for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True):
             n = len(blob)
             size = RECORD_HEADER_BYTES + n
             pos = base + len(buf)
@@ -658,143 +454,6 @@ class EntryLogWriter:
         """The smallest id GC must leave alone; every log below it is sealed and durable."""
         return min(self.unflushed_log_ids(), default=self._last_id + 1)
 
-    # --- reading -----------------------------------------------------------------------
-
-    def read(self, location: int, ledger_id: int | None = None, entry_id: int | None = None) -> bytes:
-        """The blob at ``location``, checked against its crc; never returns bad bytes.
-
-        With ``ledger_id`` and ``entry_id`` the record must also hold that entry (an index
-        slot pointing at the wrong record is :class:`CorruptDataError`, not a wrong answer).
-        """
-        log_id, offset = location >> OFFSET_BITS, location & OFFSET_MASK
-        lg = self._open.get(log_id)
-        path, end = self._records_extent(log_id, lg, offset)
-        if not HEADER_BYTES <= offset or offset + RECORD_HEADER_BYTES > end:
-            raise CorruptDataError(f"location of {_entry(ledger_id, entry_id)} is outside the log's records",
-                                   path=path, offset=offset)
-        if lg is None:
-            return _read_record(self._read_fd(log_id), path, offset, end, ledger_id, entry_id)
-        if offset >= lg.written:  # still in the write buffer
-            return _decode(lg.buf, offset - lg.written, len(lg.buf), path, offset, ledger_id, entry_id)
-        return _read_record(lg.fd, path, offset, min(end, lg.written), ledger_id, entry_id)
-
-    def read_entries(self, ledger_id: int, entry_ids: Sequence[int], locations: Sequence[int],
-                     bytes_max: int) -> ReadBatch:
-        """The blobs of entry ``entry_ids[i]`` of the ledger at ``locations[i]``, in order.
-
-        Stops before the first entry that cannot be served (``error`` says why: exactly the
-        error :meth:`read` raises for it; the entries before it are in the batch) and before
-        the entry that would take the blobs past ``bytes_max`` (the first entry is always
-        taken). Every record is checked as strictly as :meth:`read` checks one (length, crc32c,
-        ledger and entry id), but records close together in a log are read with one pread
-        and checked in place: the range read of a ledger written in sequence costs one
-        system call per run of records instead of one or two per entry. A record the run
-        cannot vouch for (damaged, or not wholly inside the run) goes through :meth:`read`.
-        The blobs are views of the run (no copies), unless the run is mostly other bytes.
-        """
-        blobs: list[memoryview | bytes] = []
-        total = 0
-        n = len(locations)
-        i = 0
-        unpack = _REC.unpack_from
-        length_min, length_max = _LENGTH_MIN, _LENGTH_MAX
-        error: CorruptDataError | OSError | None = None
-        full = False
-        while i < n and error is None and not full:
-            j, run, base = self._read_run(locations, i)
-            size = len(run)
-            mv = memoryview(run)
-            run_first, run_start_total = len(blobs), total
-            try:
-                for loc, entry_id in zip(locations[i:j], entry_ids[i:j], strict=True):
-                    at = (loc & OFFSET_MASK) - base  # >= 0: the run starts at its lowest location
-                    blob: memoryview | bytes | None = None
-                    if at + RECORD_HEADER_BYTES <= size:
-                        length, crc, lid, eid = unpack(run, at)
-                        rec_end = at + 8 + length  # 8: the length and crc fields
-                        if (lid == ledger_id and eid == entry_id and length_min <= length <= length_max
-                                and rec_end <= size):
-                            body = mv[at + 8:rec_end]
-                            if crc32c(body) == crc:
-                                blob = body[16:]  # 16: the ledger and entry ids
-                    if blob is None:  # the exact, strict path: raises for a bad record
-                        blob = self.read(loc, ledger_id, entry_id)
-                    total += len(blob)
-                    if blobs and total > bytes_max:
-                        total -= len(blob)
-                        full = True
-                        break
-                    blobs.append(blob)
-            except (CorruptDataError, OSError) as e:
-                error = e
-            if 4 * (total - run_start_total) < size:
-                # A sparse run (records far apart, or a small record in a read-ahead guess):
-                # copy its few blobs out so that the reply does not hold the whole run.
-                blobs[run_first:] = [bytes(b) for b in blobs[run_first:]]
-            i = j
-        return ReadBatch(blobs, error)
-
-    def _read_run(self, locations: Sequence[int], i: int) -> tuple[int, bytes, int]:
-        """One read covering ``locations[i:j]``: returns ``j``, the bytes and their log offset.
-
-        The run's locations lie in one log between ``locations[i]`` and ``locations[j - 1]``
-        (:func:`_run_end`), so every record of the run starts inside the bytes; they are on
-        one side of where an active log's written bytes end and its write buffer begins.
-        The bytes reach _READ_GUESS_BYTES past the last location, or to the records' end. A
-        location that cannot start a run (unknown log, outside the records) gets an empty
-        run: :meth:`read` then raises its error."""
-        loc = locations[i]
-        log_id, offset = loc >> OFFSET_BITS, loc & OFFSET_MASK
-        lg = self._open.get(log_id)
-        footer = self._footers.get(log_id)
-        if footer is not None:
-            end = footer.data_end
-        elif lg is not None:
-            end = lg.written + len(lg.buf)
-        else:
-            return i + 1, b"", offset
-        if offset < HEADER_BYTES or offset + RECORD_HEADER_BYTES > end:
-            return i + 1, b"", offset
-        in_buffer = lg is not None and offset >= lg.written
-        floor = lg.written if in_buffer and lg is not None else HEADER_BYTES
-        limit = end if lg is None or in_buffer else min(end, lg.written)
-        # As locations: [low, high] is where the run's records may start.
-        low, high = make_location(log_id, floor), make_location(log_id, limit - RECORD_HEADER_BYTES)
-        j = _run_end(locations, i, max(low, loc), min(high, loc + _RUN_BYTES_MAX))
-        first, last = loc, locations[j - 1]
-        base = first & OFFSET_MASK
-        want = min((last & OFFSET_MASK) - base + _READ_GUESS_BYTES, limit - base)
-        if in_buffer:  # a copy: the write buffer changes, the views handed out must not
-            assert lg is not None
-            start = base - lg.written
-            with memoryview(lg.buf) as buf:  # one copy (a bytearray slice would be a second)
-                return j, bytes(buf[start:start + want]), base
-        fd = self._read_fd(log_id) if lg is None else lg.fd
-        return j, os.pread(fd, want, base), base
-
-    def _records_extent(self, log_id: int, lg: _Log | None, offset: int) -> tuple[str, int]:
-        """The log's path and where its records end (written or buffered)."""
-        footer = self._footers.get(log_id)
-        if footer is not None:
-            return self._paths[log_id], footer.data_end
-        if lg is not None:
-            return lg.path, lg.written + len(lg.buf)
-        raise CorruptDataError(f"entry log {log_id} does not exist",
-                               path=os.path.join(self._dirs[0], log_name(log_id)), offset=offset)
-
-    def _read_fd(self, log_id: int) -> int:
-        fd = self._read_fds.get(log_id)
-        if fd is not None:
-            self._read_fds.move_to_end(log_id)
-            return fd
-        fd = os.open(self._paths[log_id], os.O_RDONLY)
-        self._read_fds[log_id] = fd
-        if len(self._read_fds) > _READ_FDS_MAX:
-            os.close(self._read_fds.popitem(last=False)[1])
-        return fd
-
-    # --- scanning, usage, deletion --------------------------------------------------------
-
     def scan(self, log_id: int) -> Iterator[tuple[int, int, int, bytes]]:
         """``(ledger id, entry id, location, blob)`` of every record of a log, in order.
 
@@ -868,77 +527,3 @@ class EntryLogWriter:
             raise BookieIOError(f"entry logger failed earlier: {self._failed}")
 
 
-def _run_end(locations: Sequence[int], i: int, low: int, high: int) -> int:
-    """The end ``j > i`` of the run of ``locations`` from ``i == low``: every location of the
-    run lies in [low, locations[j - 1]], within [low, high], on average at most _RUN_GAP_MAX
-    past ``low`` per location.
-
-    Locations of a ledger written in sequence ascend, so the end is found by a binary search
-    on the last location of the run, and the guess is then checked in C (min and max of the
-    run). Where the locations do not ascend, the run is grown one location at a time."""
-    n = len(locations)
-    lo, hi = i + 1, n  # the end is in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        loc = locations[mid - 1]
-        if low <= loc <= high and loc - low <= (mid - i) * _RUN_GAP_MAX:
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo - i <= 2 or (min(locations[i:lo]) == low and max(locations[i:lo]) == locations[lo - 1]):
-        return lo
-    j, last = i + 1, low  # not ascending: grow step by step
-    while j < n and last < locations[j] <= min(high, last + _RUN_GAP_MAX):
-        last = locations[j]
-        j += 1
-    return j
-
-
-def _usage_of(mm: mmap.mmap, size: int, usage: dict[int, int]) -> int:
-    """Fill ``usage`` from the valid records of a footerless log; returns where they stop."""
-    gen = _records(mm, HEADER_BYTES, size)
-    while True:
-        try:
-            ledger_id, _, _, blob = next(gen)
-        except StopIteration as stop:
-            return int(stop.value)
-        usage[ledger_id] = usage.get(ledger_id, 0) + RECORD_HEADER_BYTES + len(blob)
-
-
-def _entry(ledger_id: int | None, entry_id: int | None) -> str:
-    return "entry" if ledger_id is None else f"entry {ledger_id}:{entry_id}"
-
-
-def _read_record(fd: int, path: str, offset: int, end: int, ledger_id: int | None,
-                 entry_id: int | None) -> bytes:
-    # One pread serves most entries; a larger one needs a second read for its rest.
-    data = os.pread(fd, min(_READ_GUESS_BYTES, end - offset), offset)
-    length = _CRC.unpack_from(data, 0)[0] if len(data) >= _CRC.size else -1
-    if not _LENGTH_MIN <= length <= _LENGTH_MAX or offset + _PREFIX.size + length > end:
-        raise CorruptDataError(f"{_entry(ledger_id, entry_id)} has a bad record length {length}",
-                               path=path, offset=offset)
-    want = _PREFIX.size + length
-    if len(data) < want:
-        data += os.pread(fd, want - len(data), offset + len(data))
-    return _decode(data, 0, min(len(data), want), path, offset, ledger_id, entry_id)
-
-
-def _decode(data: bytes | bytearray, at: int, end: int, path: str, offset: int,
-            ledger_id: int | None, entry_id: int | None) -> bytes:
-    """Check the record at ``data[at:]`` and return its blob, or raise CorruptDataError."""
-    if at + RECORD_HEADER_BYTES > end:
-        raise CorruptDataError(f"{_entry(ledger_id, entry_id)} is cut short", path=path, offset=offset)
-    length, crc = _PREFIX.unpack_from(data, at)
-    rec_end = at + _PREFIX.size + length
-    if not _LENGTH_MIN <= length <= _LENGTH_MAX or rec_end > end:
-        raise CorruptDataError(f"{_entry(ledger_id, entry_id)} has a bad record length {length}",
-                               path=path, offset=offset)
-    ids = bytes(data[at + _PREFIX.size:at + RECORD_HEADER_BYTES])
-    blob = bytes(data[at + RECORD_HEADER_BYTES:rec_end])
-    if crc32c(blob, crc32c(ids)) != crc:
-        raise CorruptDataError(f"{_entry(ledger_id, entry_id)} fails its crc32c", path=path, offset=offset)
-    found = _IDS.unpack(ids)
-    if (ledger_id is not None and found[0] != ledger_id) or (entry_id is not None and found[1] != entry_id):
-        raise CorruptDataError(f"location of {_entry(ledger_id, entry_id)} holds entry {found[0]}:{found[1]}",
-                               path=path, offset=offset)
-    return blob

@@ -1,68 +1,14 @@
-"""The journal: the bookie's write-ahead log (format version 2; version 1 is still read).
-
-Files
-    ``<journal dir>/<segment id as 16 hex digits>.jnl``. Segment ids start at 1 and grow by
-    one; a :class:`JournalWriter` always opens a NEW segment (max existing id + 1), so a
-    segment that replay truncated is never appended to again. Retired segments kept for
-    reuse are named ``<segment id>.jnl.free`` (see "Recycling"); they are not part of the log.
-
-Segment header (24 bytes, written and fsynced, with the directory, before any record)::
-
-    0   8s   magic  b"ZBKJRNL\\0"
-    8   u32  format version (2; segments written by older bookies say 1)
-    12  u64  segment id (must match the file name)
-    20  u32  crc32c of bytes [0, 20)
-
-Record (all integers little-endian)::
-
-    0   u32  length: bytes after the crc (type + ledger id + entry id + payload), >= 17
-    4   u32  crc32c of those ``length`` bytes, started from the segment's seed (version 2:
-             :func:`segment_seed`; version 1: 0, the plain crc32c)
-    8   u8   record type (:class:`RecordType`)
-    9   u64  ledger id
-    17  i64  entry id (-1 when the type has none; LIMBO: 1 set / 0 clear; EXPLICIT_LAC: the LAC)
-    25  ...  payload (ADD: the entry blob; MASTER_KEY: the key; others: empty)
-
-Batches and group commit
-    Records are encoded into one in-memory buffer; :meth:`JournalWriter.sync` writes the
-    whole buffer with one ``write()`` and one ``fsync`` (group commit). Every such write is
-    a *batch* that starts with a 33-byte BATCH record: ledger id = segment id, entry id =
-    ``synced_upto`` (how many bytes of this segment were known durable, i.e. fsynced,
-    when the batch was written) and payload ``b"ZBKBATCH"``. Replay skips BATCH records;
-    they exist to tell a torn tail from corruption. :meth:`JournalWriter.close` ends the
-    segment with an empty batch written after the final fsync, so after a clean shutdown
-    even the last data record is covered by a later ``synced_upto``.
-
-Torn tail versus corruption (the replay rule)
-    Replay reads records from the last checkpointed :class:`LogMark`. A *bad* record is a
-    short header, a length outside [17, 17 + journal_record_bytes_max], a length past the
-    end of the file, or a CRC mismatch. At a bad record at offset X:
-
-    * in any segment but the last one -> :class:`CorruptDataError` (a segment is fsynced
-      before the writer moves to the next one, so it can hold no torn write);
-    * in the last segment, if some later valid BATCH record of this segment says
-      ``synced_upto > X`` -> :class:`CorruptDataError`: X was fsynced (and possibly
-      acknowledged) before that later batch was written, so this is damage, not a tear;
-    * otherwise X lies in the final, never-completed write: a torn tail. The file is
-      truncated at X (and fsynced) with a warning naming the file and the offset.
-
-    Consequence: bit rot that strikes the final batch of a segment that was not closed
-    cleanly is indistinguishable from a torn write and is truncated. The records lost that
-    way are replicated on the ledger's other bookies, and the crash already makes the
-    bookie run BP-46 phase one (fence + limbo) for every open ledger.
-
-    A CRC-valid record of an unknown type is always :class:`CorruptDataError` (a format
-    this code does not know, never skipped). A last segment shorter than its header, or
-    exactly a header long with a bad header, is a segment whose creation was interrupted:
-    it holds no record and is removed with a warning.
+"""The journal writer: appends, group commit, segments (preallocation, rotation,
+recycling). The format is in zbk/storage/journalformat.py, replay in
+zbk/storage/journalreplay.py.
 
 Preallocation
     A segment's file is kept ahead of its records by up to ``preallocate_bytes`` of zeros
     (written, not fallocated: unwritten extents need metadata updates too). A write into
     space that already exists does not change the file's size or block map, so the fsync
     of a small batch flushes its data alone instead of also committing the file system's
-    journal: on this project's ext4 machine, three bookies' concurrent 1 KiB syncs went
-    from 215 to 162 us at p50 and from 470 to 275 us at p99. (BookKeeper does the same,
+    journal; on ext4 that commit lengthens small syncs, their tail most of all when several
+    bookies sync at once. (BookKeeper does the same,
     ``journalPreAllocSizeMB``.) The zeros are part of no record: replay stops at the first
     record whose length is 0, and a tail that is all zeros is the unused preallocation,
     truncated without a warning. A segment is cut back to its last record before it is
@@ -87,8 +33,8 @@ Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
     and contents; records overwrite the old ones in place. The point is the page cache: a
     new file's pages are memory the kernel must allocate (and, on a VM whose balloon
     reports free pages, the host must fault in again), while a recycled file's pages are
-    still cached; in a bookie at 45,000 entries/s, filling new journal pages was a tenth of
-    the machine's CPU (``perf``, 2026-11-24; docs/performance.md).
+    still cached. ``bench/pagecache.py`` measures what writing into new pages costs
+    (docs/performance.md, "Storage").
 
     The old records after the new ones must never replay as part of the new segment. They
     cannot: every record's crc32c starts from a seed derived from its segment's id, so a
@@ -110,93 +56,45 @@ Failure
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import struct
-from collections.abc import Generator, Iterator, Sequence
-from enum import IntEnum
-from typing import NamedTuple
+from collections.abc import Sequence
 
 from crc32c import crc32c
 
 from zbk import limits
-from zbk.errors import BookieIOError, CorruptDataError
+from zbk.errors import BookieIOError
 from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.journalformat import (
+    _ADD,
+    _BODY_MIN,
+    BATCH_MAGIC,
+    BATCH_RECORD_BYTES,
+    FORMAT_VERSION,
+    FREE_SUFFIX,
+    HEADER_BYTES,
+    RECORD_HEADER_BYTES,
+    SEGMENT_SUFFIX,
+    START,
+    JournalRecord,
+    LogMark,
+    RecordType,
+    _batch_record,
+    _encode_header,
+    _ids_named,
+    _pack_body,
+    _pack_prefix,
+    list_segments,
+    segment_name,
+    segment_seed,
+)
+from zbk.storage.journalreplay import replay
+
+# The format's names and replay stay importable from here, beside the writer.
+__all__ = ["BATCH_MAGIC", "BATCH_RECORD_BYTES", "FORMAT_VERSION", "FREE_SUFFIX", "HEADER_BYTES", "RECORD_HEADER_BYTES",
+           "START", "JournalRecord", "JournalWriter", "LogMark", "RecordType", "list_free", "list_segments", "replay",
+           "segment_name", "segment_seed"]
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2  # written; version 1 segments (unseeded CRCs) are read as well
-READABLE_VERSIONS = frozenset({1, 2})
-FREE_SUFFIX = ".free"  # <segment name>.free: a retired segment kept for reuse
-SEGMENT_MAGIC = b"ZBKJRNL\x00"
-SEGMENT_SUFFIX = ".jnl"
-BATCH_MAGIC = b"ZBKBATCH"
-
-_SEG_HEADER = struct.Struct("<8sIQ")
-_CRC = struct.Struct("<I")
-HEADER_BYTES = _SEG_HEADER.size + _CRC.size  # 24
-_PREFIX = struct.Struct("<II")  # length, crc32c
-_BODY = struct.Struct("<BQq")  # type, ledger id, entry id
-RECORD_HEADER_BYTES = _PREFIX.size + _BODY.size  # 25
-_BODY_MIN = _BODY.size  # 17
-_BODY_MAX = _BODY.size + limits.journal_record_bytes_max
-_BATCH_BODY = _BODY.size + len(BATCH_MAGIC)  # 25
-BATCH_RECORD_BYTES = _PREFIX.size + _BATCH_BODY  # 33
-_pack_body = _BODY.pack
-_pack_prefix = _PREFIX.pack
-
-
-class RecordType(IntEnum):
-    BATCH = 0  # start of one write (group commit); internal, never yielded by replay
-    ADD = 1  # an entry was added: ledger id, entry id, payload = the entry blob
-    FENCE = 2  # the ledger was fenced on this bookie
-    MASTER_KEY = 3  # the ledger's master key: payload = key bytes
-    LIMBO = 4  # BP-46 limbo state: entry id 1 = set, 0 = cleared
-    EXPLICIT_LAC = 5  # explicit last-add-confirmed: entry id = the LAC
-
-
-_KNOWN_TYPES = frozenset(int(t) for t in RecordType)
-_ADD = int(RecordType.ADD)
-
-
-class LogMark(NamedTuple):
-    """A position in the journal: everything before it is covered. Orders as a tuple."""
-
-    segment_id: int
-    offset: int
-
-
-START = LogMark(0, 0)  # before the first segment: replay everything
-
-
-class JournalRecord(NamedTuple):
-    type: RecordType
-    ledger_id: int
-    entry_id: int
-    payload: bytes
-
-
-def segment_name(segment_id: int) -> str:
-    return f"{segment_id:016x}{SEGMENT_SUFFIX}"
-
-
-def list_segments(directory: str) -> list[int]:
-    """Segment ids present in ``directory``, ascending (other files are ignored)."""
-    return _ids_named(directory, SEGMENT_SUFFIX)
-
-
-def _ids_named(directory: str, suffix: str) -> list[int]:
-    """The ids of the files ``<16 hex digits><suffix>`` in ``directory``, ascending."""
-    ids = []
-    for name in os.listdir(directory):
-        stem, dot, ext = name.partition(".")
-        if dot and "." + ext == suffix and len(stem) == 16:
-            try:
-                ids.append(int(stem, 16))
-            except ValueError:
-                continue
-    return sorted(ids)
-
 
 _ZEROS = bytes(limits.journal_preallocate_bytes_default)
 
@@ -206,33 +104,6 @@ def _zeros(n: int) -> bytes | memoryview:
     ``bytes(n)`` per extension showed in a bookie profile at window 1,000)."""
     return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
 
-
-def segment_seed(segment_id: int, version: int = FORMAT_VERSION) -> int:
-    """The value every record CRC of a segment starts from (see "Recycling"): 0 in version 1
-    segments, a function of the segment id in version 2 (never 0)."""
-    if version == 1:
-        return 0
-    return crc32c(struct.pack("<8sQ", b"ZBKJSEED", segment_id)) or 1
-
-
-def _encode_header(segment_id: int) -> bytes:
-    head = _SEG_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, segment_id)
-    return head + _CRC.pack(crc32c(head))
-
-
-def _header_version(data: bytes | mmap.mmap, segment_id: int) -> int | None:
-    """The format version of a valid header of segment ``segment_id``, else None."""
-    magic, version, sid = _SEG_HEADER.unpack_from(data, 0)
-    (crc,) = _CRC.unpack_from(data, _SEG_HEADER.size)
-    if (magic == SEGMENT_MAGIC and crc == crc32c(data[: _SEG_HEADER.size])
-            and version in READABLE_VERSIONS and sid == segment_id):
-        return int(version)
-    return None
-
-
-def _batch_record(segment_id: int, synced_upto: int, seed: int) -> bytes:
-    body = _BODY.pack(RecordType.BATCH, segment_id, synced_upto) + BATCH_MAGIC
-    return _PREFIX.pack(len(body), crc32c(body, seed)) + body
 
 
 def list_free(directory: str) -> list[int]:
@@ -290,26 +161,11 @@ class JournalWriter:
         buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
-    def append_adds(self, ledger_id: int, entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
-        """:meth:`append` of one ADD record per (entry id, blob), for a batch of one ledger
-        (the add path: one call per batch instead of one per entry). Same bytes as
-        ``append(RecordType.ADD, ledger_id, eid, blob)`` for each pair, in order."""
-        if len(entry_ids) != len(blobs):
-            raise ValueError("journal: entry ids and blobs differ in length")
-        limit = limits.journal_record_bytes_max
-        buf, seed = self._buf, self._seed
-        for eid, payload in zip(entry_ids, blobs, strict=True):
-            n = len(payload)
-            assert n <= limit, "journal record too large"
-            body = _pack_body(_ADD, ledger_id, eid)
-            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body, seed))) + body
-            buf += payload
-        return len(buf) - BATCH_RECORD_BYTES
-
-    def append_adds_multi(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
-                          blobs: Sequence[bytes]) -> int:
-        """:meth:`append_adds` for a batch of several ledgers (MULTI_ADD): one ADD record per
-        (ledger id, entry id, blob), in order; the same bytes as one ``append`` each."""
+    def append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
+        """:meth:`append` of one ADD record per (ledger id, entry id, blob), in order: an add
+        batch's records (of one ledger, or of several for a MULTI_ADD) in one call instead
+        of one per entry, with the same bytes as ``append(RecordType.ADD, lid, eid, blob)``
+        for each."""
         if not len(ledger_ids) == len(entry_ids) == len(blobs):
             raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
         limit = limits.journal_record_bytes_max
@@ -522,136 +378,3 @@ class JournalWriter:
         assert self._fd >= 0, "journal writer is closed"
 
 
-# --- replay ------------------------------------------------------------------------------
-
-
-def replay(directory: str, from_mark: LogMark = START,
-           disk: Disk = REAL_DISK) -> Iterator[tuple[JournalRecord, LogMark]]:
-    """Yield every record after ``from_mark`` with the mark just after it, oldest first.
-
-    Applies the module's torn-tail rule: a torn tail of the last segment is truncated
-    (with a warning) when the iteration reaches it; damage anywhere else raises
-    :class:`CorruptDataError` naming the file and offset. Run it before a
-    :class:`JournalWriter` is opened on the same directory.
-    """
-    if not os.path.isdir(directory):
-        return
-    ids = [s for s in list_segments(directory) if s >= from_mark.segment_id]
-    if from_mark.offset > 0 and from_mark.segment_id not in ids:
-        raise CorruptDataError(f"journal segment {from_mark.segment_id} of the last mark is missing",
-                               path=os.path.join(directory, segment_name(from_mark.segment_id)),
-                               offset=from_mark.offset)
-    for n, sid in enumerate(ids):
-        if n and sid != ids[n - 1] + 1:
-            raise CorruptDataError(f"journal segment {ids[n - 1] + 1} is missing",
-                                   path=os.path.join(directory, segment_name(ids[n - 1] + 1)), offset=0)
-        start = from_mark.offset if sid == from_mark.segment_id else HEADER_BYTES
-        path = os.path.join(directory, segment_name(sid))
-        yield from _replay_segment(path, sid, start, n == len(ids) - 1, disk)
-
-
-def _replay_segment(path: str, sid: int, start: int, last: bool,
-                    disk: Disk) -> Iterator[tuple[JournalRecord, LogMark]]:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        size = os.fstat(fd).st_size
-        version = _segment_header_usable(fd, path, sid, size, last, disk)
-        if version is None:
-            return
-        seed = segment_seed(sid, version)
-        start = max(start, HEADER_BYTES)
-        if start > size:
-            log.warning("journal %s: last mark offset %d is past the end (%d bytes); nothing to replay",
-                        path, start, size)
-            return
-        zeros = False
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            bad = yield from _records(mm, path, sid, seed, start, size)
-            if bad >= 0:
-                _check_torn_tail(mm, path, sid, seed, bad, last)
-                zeros = _all_zero(mm, bad)
-        if bad >= 0:
-            if zeros:
-                log.info("journal %s: %d bytes of unused preallocation after offset %d; truncating",
-                         path, size - bad, bad)
-            else:
-                log.warning("journal %s: torn tail: the records end at offset %d; the %d bytes after it are "
-                            "a torn final write or a recycled segment's old records; truncating",
-                            path, bad, size - bad)
-            disk.truncate(fd, bad)
-            disk.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _segment_header_usable(fd: int, path: str, sid: int, size: int, last: bool, disk: Disk) -> int | None:
-    """The format version when the header is valid; None after removing a last segment
-    whose creation was torn."""
-    head = os.pread(fd, HEADER_BYTES, 0)
-    version = _header_version(head, sid) if len(head) == HEADER_BYTES else None
-    if version is not None:
-        return version
-    if last and size <= HEADER_BYTES:
-        log.warning("journal %s: segment creation was interrupted (%d bytes); removing it", path, size)
-        os.unlink(path)
-        disk.fsync_dir(os.path.dirname(path))
-        return None
-    raise CorruptDataError("journal segment header is invalid", path=path, offset=0)
-
-
-def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int,
-             size: int) -> Generator[tuple[JournalRecord, LogMark], None, int]:
-    """Yield the valid records from ``pos``; returns the offset of a bad record, or -1."""
-    prefix, body_hdr = _PREFIX.unpack_from, _BODY.unpack_from
-    while pos < size:
-        if pos + RECORD_HEADER_BYTES > size:
-            return pos
-        length, crc = prefix(mm, pos)
-        end = pos + _PREFIX.size + length
-        if not _BODY_MIN <= length <= _BODY_MAX or end > size:
-            return pos
-        if crc32c(mm[pos + _PREFIX.size:end], seed) != crc:
-            return pos
-        rtype, ledger_id, entry_id = body_hdr(mm, pos + _PREFIX.size)
-        if rtype not in _KNOWN_TYPES:
-            raise CorruptDataError(f"journal record of unknown type {rtype}", path=path, offset=pos)
-        if rtype == RecordType.BATCH:
-            if ledger_id != sid or entry_id > pos:
-                raise CorruptDataError("journal batch record does not belong here", path=path, offset=pos)
-        else:
-            payload = mm[pos + RECORD_HEADER_BYTES:end]
-            yield JournalRecord(RecordType(rtype), ledger_id, entry_id, payload), LogMark(sid, end)
-        pos = end
-    return -1
-
-
-def _all_zero(mm: mmap.mmap, start: int, chunk: int = 1 << 20) -> bool:
-    """True when every byte from ``start`` to the end is zero (unused preallocation)."""
-    for pos in range(start, len(mm), chunk):
-        part = mm[pos:pos + chunk]
-        if part.count(0) != len(part):
-            return False
-    return True
-
-
-def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, seed: int, bad: int, last: bool) -> None:
-    """Raise unless the bad record at ``bad`` is a torn tail (see the module's rule)."""
-    if not last:
-        raise CorruptDataError("journal record is corrupt in a sealed segment", path=path, offset=bad)
-    if _durable_beyond(mm, sid, seed, bad):
-        raise CorruptDataError("journal record is corrupt before later durable batches", path=path,
-                               offset=bad)
-
-
-def _durable_beyond(mm: mmap.mmap, sid: int, seed: int, bad: int) -> bool:
-    """True when a valid BATCH record after ``bad`` says ``bad`` had already been fsynced."""
-    at = mm.find(BATCH_MAGIC, bad + RECORD_HEADER_BYTES + 1)
-    while at >= 0:
-        rec = at - RECORD_HEADER_BYTES
-        length, crc = _PREFIX.unpack_from(mm, rec)
-        if length == _BATCH_BODY and crc == crc32c(mm[rec + _PREFIX.size:at + len(BATCH_MAGIC)], seed):
-            rtype, seg, synced_upto = _BODY.unpack_from(mm, rec + _PREFIX.size)
-            if rtype == RecordType.BATCH and seg == sid and synced_upto > bad:
-                return True
-        at = mm.find(BATCH_MAGIC, at + 1)
-    return False

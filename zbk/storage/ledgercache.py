@@ -4,7 +4,7 @@
 page and header and makes them durable (checkpoint step two, after the entry logs were
 flushed, so an index on disk never points at entry-log bytes that are not durable).
 
-Syncing a flush (issue #8): with ``syncfs=True`` (the bookie's ``index_flush_syncfs``, the
+Syncing a flush: with ``syncfs=True`` (the bookie's ``index_flush_syncfs``, the
 default) and a kernel whose ``syncfs`` reports writeback errors (Linux >= 5.8), a flush is
 made durable by one ``syncfs`` per file system holding index directories instead of an
 fsync per written file. The descriptor it goes through is a directory's, opened when the
@@ -13,7 +13,9 @@ reported to the flush, which then fails and leaves its pages dirty (as a failed 
 does). A checkpoint of 10,000 ledgers with one new entry each took 1.2 s and 0.5 s of the
 machine's CPU with fsyncs, 0.2 s and 0.16 s with syncfs (bench/storage_micro.py,
 "index flush"). The price: a syncfs also writes back whatever else is dirty on that file
-system; on one shared with heavy writers, set ``index_flush_syncfs = false``.
+system; on one shared with heavy writers, set ``index_flush_syncfs = false``. Where an
+index directory is on a file system whose syncfs makes nothing durable (FUSE:
+:func:`zbk.storage.disk.syncfs_untrusted_fs`), flushes fsync each file, with a warning.
 
 Memory: pages are ``PAGE_BYTES`` each (16 KiB with 1024 entries per page). Clean pages
 are evicted least-recently-used first when the cache holds more than ``bytes_max``. A
@@ -22,43 +24,8 @@ dirty page is never dropped: when dirty pages alone reach ``bytes_max``,
 ledger the cache also keeps a small state record (path, header, highest entry id put);
 those are not counted in ``bytes_max``.
 
-Deltas (performance issue #8): a ``put`` into a page that is not in the cache but lies
-wholly inside its index file does not read the page. It records the new slots only (a
-*delta*, entry id -> location, counted in ``bytes_max`` at ``DELTA_*_BYTES``), and
-:meth:`LedgerCache.flush` writes just those slots in place
-(:func:`zbk.storage.index.write_slots`): the page's other slots on disk are exactly what
-a whole-page write would rewrite. Many ledgers with a few new entries each (MULTI_ADD
-over thousands of ledgers) then cost neither a page read per put nor 16 KiB of memory
-and of writing per ledger, and do not fill the cache into a checkpoint every few
-thousand entries. A read of such a page loads it from the file and applies the delta
-(it becomes an ordinary dirty page). A key is in at most one of: dirty pages, clean
-pages, deltas.
-
-New pages (issue #8): a page beyond its file's end (every page of a new ledger, a page a
-ledger grows into) starts as a delta too, a *new-page delta*, and the flush writes it
-whole: zeros and its slots, so a file still only ever grows by whole pages. It becomes an
-ordinary dirty page once it holds more than ``_NEW_PAGE_DELTA_SLOTS_MAX`` slots (where a
-16 KiB page is the cheaper way to hold them). Before this, each new ledger cost a 16 KiB
-dirty page from its first entry to the next checkpoint: a bookie creating 4,000 ledgers a
-second filled the cache's hard bound (twice ``bytes_max``) every two seconds, held new adds
-for 2-5 s while the checkpoint created their files, and its RSS passed 400 MiB. A torn last
-page (part of a page at the file's end) is read and made a whole dirty page, as before.
-
-Changed ranges (issue #8): a cached clean page that lies wholly inside its file is what the
-file holds. When puts make it dirty, the cache remembers the lowest and highest slot they
-changed, and the flush writes that range in place instead of the whole page: a ledger
-written a few entries per checkpoint costs a few hundred bytes of writing, not 16 KiB,
-while the page stays cached for its readers. So does a page read for a reader from the file
-with a delta applied. Pages made dirty any other way (new pages, pages read beyond the file)
-are written whole.
-
-When the cache needs room and has no clean page left to drop, such a page becomes a delta
-of the slots in its changed range (the oldest first), and the page is dropped: a few hundred
-bytes instead of 16 KiB. So pages made dirty from clean ones never force a checkpoint
-(``dirty_bytes`` counts each at a delta's charge). Before this, with 10,000 ledgers written
-at once, the 4,096 pages the cache held turned dirty again within a second of every
-checkpoint and filled ``bytes_max``: a checkpoint of all 10,000 ledgers every 1.4 s instead
-of every ``flush_interval`` (issue #8).
+Deltas, new pages and changed ranges: zbk/storage/ledgerpages.py. Index file descriptors:
+zbk/storage/ledgerfiles.py.
 
 One owner (the IndexSyncer actor); not thread-safe. The file format is in
 :mod:`zbk.storage.index`.
@@ -66,66 +33,34 @@ One owner (the IndexSyncer actor); not thread-safe. The file format is in
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from zbk import limits
 from zbk.errors import BadRequestError, CorruptDataError
 from zbk.storage import index
-from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk
+from zbk.storage.disk import REAL_DISK, SYNCFS_REPORTS_ERRORS, Disk, syncfs_untrusted_fs
 from zbk.storage.index import PAGE_BYTES, PAGE_ENTRIES, SLOT_KEY, IndexHeader
+from zbk.storage.ledgerfiles import FILES_OPEN_MAX_DEFAULT, LedgerFiles, _Ledger
+from zbk.storage.ledgerpages import (
+    _NEW_PAGE_DELTA_SLOTS_MAX,
+    DELTA_PAGE_BYTES,
+    DELTA_SLOT_BYTES,
+    LedgerPages,
+    Page,
+    _apply,
+)
+
+__all__ = ["DELTA_PAGE_BYTES", "DELTA_SLOT_BYTES", "FILES_OPEN_MAX_DEFAULT", "LedgerCache", "LedgerFiles", "Page"]
 
 log = logging.getLogger(__name__)
 
 _FLUSH_GROUP = 512  # files written before their fsyncs in a flush (at most the descriptors kept, see flush)
-# Index file descriptors kept open (LRU) unless told otherwise: what a process under the
-# common soft limit of 1,024 can spare. The bookie passes more (its index_files_open_max,
-# within its raised limit): a checkpoint re-opens every dirty ledger's file beyond these.
-FILES_OPEN_MAX_DEFAULT = 1024
-# Memory charged to deltas (see the module doc), above their Python size on CPython 3.11
-# (tracemalloc: about 330 bytes per page with a delta, for its dict, key tuple and entry in
-# the table of deltas; about 90 bytes per slot held, for the dict entry and two ints).
-DELTA_PAGE_BYTES = 384
-DELTA_SLOT_BYTES = 128
-# A new-page delta with more slots than this is made a whole page (16 KiB): the slots'
-# charge would pass the page's.
-_NEW_PAGE_DELTA_SLOTS_MAX = PAGE_BYTES // DELTA_SLOT_BYTES
-Page = array.array  # of int: (location, check) words; see zbk.storage.index
 
 
-@dataclass(eq=False, slots=True)
-class _Ledger:
-    ledger_id: int
-    path: str
-    on_disk: bool  # the index file exists
-    header: IndexHeader | None = None  # loaded lazily
-    max_put: int = -1  # highest entry id put since this cache opened
-    disk_last: int | None = None  # highest entry id in the file when first asked
-    disk_pages: int | None = None  # pages in the file (None: not yet looked)
-    full_pages: int = 0  # pages wholly in the file (a torn last page is not); set with disk_pages
-    # Page numbers held in the cache (pages or deltas); None when none: with 100,000 ledgers
-    # most hold nothing, and an empty set is 216 bytes (performance issue #8: bookie RSS).
-    pages: set[int] | None = None
-
-    def hold(self, page_no: int) -> None:
-        if self.pages is None:
-            self.pages = {page_no}
-        else:
-            self.pages.add(page_no)
-
-    def release(self, page_no: int) -> None:
-        pages = self.pages
-        if pages is not None:
-            pages.discard(page_no)
-            if not pages:
-                self.pages = None
-
-
-class LedgerCache:
+class LedgerCache(LedgerPages):
     """Entry id -> location for every ledger of a bookie, and each ledger's header."""
 
     def __init__(self, index_dirs: Sequence[str], bytes_max: int = limits.ledger_cache_bytes_max_default,
@@ -160,7 +95,11 @@ class LedgerCache:
         # One directory descriptor per file system of the index directories, for syncfs
         # (see the module doc): opened now, before any write a flush must cover.
         self._fs_fds: list[int] = []
-        if syncfs and SYNCFS_REPORTS_ERRORS:
+        untrusted = [(d, t) for d in self._dirs if (t := syncfs_untrusted_fs(d))] if syncfs else []
+        if untrusted and SYNCFS_REPORTS_ERRORS:
+            log.warning("index: syncfs cannot be trusted on %s, so checkpoints fsync each index file "
+                        "(a syncfs reaches no FUSE daemon)", ", ".join(f"{d} ({t})" for d, t in untrusted))
+        if syncfs and SYNCFS_REPORTS_ERRORS and not untrusted:
             devices: set[int] = set()
             for d in self._dirs:
                 fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -180,7 +119,7 @@ class LedgerCache:
     def put_many(self, ledger_ids: Iterable[int], entry_ids: Iterable[int], locations: Iterable[int]) -> None:
         """:meth:`put` of each (ledger id, entry id, location), in order: an IndexPut's
         entries (a MULTI_ADD's are of as many ledgers as entries), with the look-ups the
-        puts share done once (issue #8)."""
+        puts share done once: with one entry per ledger, those look-ups are a large part of each put."""
         dirty_get, deltas, ranges_get, ledgers = self._dirty.get, self._deltas, self._ranges.get, self._ledgers
         new_deltas = self._new_deltas
         for ledger_id, entry_id, location in zip(ledger_ids, entry_ids, locations, strict=True):
@@ -213,50 +152,6 @@ class LedgerCache:
             if entry_id > led.max_put:
                 led.max_put = entry_id
 
-    def _make_dirty(self, key: tuple[int, int]) -> Page | None:
-        """The key's page, now dirty; None when a delta was started for it instead."""
-        led = self._ledger_for_write(key[0])
-        page = self._clean.pop(key, None)
-        if page is not None:
-            self._dirty[key] = page
-            if led.on_disk and key[1] < self._full_pages(led):
-                # Empty: the put that follows sets both ends to its own slot.
-                self._ranges[key] = [2 * PAGE_ENTRIES, -1]
-            # No _evict: the cache holds what it held (and an eviction now could turn this
-            # very page into a delta under the put about to write into it).
-            return page
-        page_no = key[1]
-        in_file = led.on_disk and page_no < self._full_pages(led)
-        if in_file or not led.on_disk or page_no >= self._disk_pages(led):
-            self._deltas[key] = {}  # its slots are counted by put
-            if not in_file:
-                self._new_deltas.add(key)  # a new page (see the module doc, "New pages")
-            led.hold(page_no)
-            self._evict()
-            return None
-        page = self._load_page(led, page_no)  # a torn last page
-        led.hold(page_no)
-        self._dirty[key] = page
-        self._evict()
-        return page
-
-    def _merge_delta(self, key: tuple[int, int]) -> Page:
-        """The page of a key that has a delta: read from the file, the delta applied; it is
-        a dirty page from now on (written whole at the next flush)."""
-        led = self._ledgers[key[0]]
-        page = self._load_page(led, key[1])  # before the delta goes: a failed read loses nothing
-        delta = self._deltas.pop(key)
-        _apply(page, delta)
-        self._delta_slots -= len(delta)
-        self._dirty[key] = page
-        if key in self._new_deltas:
-            self._new_deltas.discard(key)  # beyond the file, the page read is zeros: written whole
-        else:  # wholly in the file: it equals the file outside the delta's slots
-            self._ranges[key] = ([2 * (min(delta) % PAGE_ENTRIES), 2 * (max(delta) % PAGE_ENTRIES)] if delta
-                                 else [2 * PAGE_ENTRIES, -1])
-        self._evict()
-        return page
-
     def get(self, ledger_id: int, entry_id: int) -> int | None:
         """The entry's location, or ``None`` when this bookie does not hold it."""
         page = self._page_for_read(ledger_id, entry_id // PAGE_ENTRIES)
@@ -283,26 +178,6 @@ class LedgerCache:
                 out.extend(index.slot_locations(page, page_no, lo, hi, led.path))
             first += hi - lo
         return out
-
-    def _page_for_read(self, ledger_id: int, page_no: int) -> Page | None:
-        """The page from the cache or the file (then cached), ``None`` when no file holds it."""
-        key = (ledger_id, page_no)
-        page = self._dirty.get(key)
-        if page is None:
-            page = self._clean.get(key)
-            if page is not None:
-                self._clean.move_to_end(key)
-            elif key in self._deltas:
-                page = self._merge_delta(key)
-            else:
-                led = self._ledgers.get(ledger_id)
-                if led is None or not led.on_disk or page_no >= self._disk_pages(led):
-                    return None
-                page = self._load_page(led, page_no)
-                self._clean[key] = page
-                led.hold(page_no)
-                self._evict()
-        return page
 
     def last_entry_id(self, ledger_id: int) -> int:
         """The highest entry id held for the ledger (-1 when none)."""
@@ -334,18 +209,6 @@ class LedgerCache:
                 else:
                     ranges.append((entry_id, entry_id))
         return ranges
-
-    def _peek_page(self, led: _Ledger, page_no: int) -> Page:
-        """A page for a whole-ledger walk: from the cache if there, else read without caching it."""
-        key = (led.ledger_id, page_no)
-        page = self._dirty.get(key)
-        if page is None:
-            page = self._clean.get(key)
-        if page is not None:
-            return page
-        page = self._load_page(led, page_no)
-        _apply(page, self._deltas.get(key, {}))
-        return page
 
     # --- headers ---------------------------------------------------------------------------
 
@@ -452,16 +315,6 @@ class LedgerCache:
             self._disk.fsync_dir(os.path.dirname(led.path))
         return True
 
-    def _ledger_for_write(self, ledger_id: int) -> _Ledger:
-        led = self._ledgers.get(ledger_id)
-        if led is None:
-            directory = self._dirs[ledger_id % len(self._dirs)]
-            led = _Ledger(ledger_id, index.index_path(directory, ledger_id), on_disk=False,
-                          header=IndexHeader(), disk_last=-1, disk_pages=0, full_pages=0)
-            self._ledgers[ledger_id] = led
-            self._header_dirty.add(ledger_id)  # a new ledger's file is created at the next flush
-        return led
-
     # --- flushing and memory -----------------------------------------------------------------
 
     def flush(self) -> int:
@@ -506,7 +359,7 @@ class LedgerCache:
             # ledgers this lets the file system commit a whole group at once: on ext4 the
             # first fsync of a group commits the metadata and ordered data of all its files,
             # and the others find nothing left to commit, instead of one journal commit per
-            # ledger (issue #8).
+            # ledger.
             group = self._flush_group
             for at in range(0, len(ledger_ids), group):
                 fds = [(ledger_id, write(ledger_id)) for ledger_id in ledger_ids[at:at + group]]
@@ -563,39 +416,6 @@ class LedgerCache:
                 start = k
         return len(entry_ids) * index.SLOT_BYTES
 
-    def _mark_clean(self, kept: dict[tuple[int, int], Page]) -> None:
-        for (ledger_id, page_no), page in self._dirty.items():
-            self._written_whole(ledger_id, page_no)
-            self._clean[(ledger_id, page_no)] = page
-        self._dirty.clear()
-        self._ranges.clear()
-        # New pages written whole are in the file now, wholly, as the dirty pages above: a
-        # later put to one is never a new page again (its whole-page write of zeros would
-        # erase these slots). Those the cache has room for stay cached clean (readers of a
-        # ledger's newest entries find them; later puts write ranges).
-        for ledger_id, page_no in self._new_deltas:
-            self._written_whole(ledger_id, page_no)
-        for key, page in kept.items():
-            del self._deltas[key]  # held by the clean page now: not released below
-            self._clean[key] = page
-        self._new_deltas.clear()
-        # Written deltas are not kept: the cache never held their pages.
-        for ledger_id, page_no in self._deltas:
-            self._ledgers[ledger_id].release(page_no)
-        self._deltas.clear()
-        self._delta_slots = 0
-        self._header_dirty.clear()
-        self._evict()
-
-    def _written_whole(self, ledger_id: int, page_no: int) -> None:
-        """A page written whole is in the file wholly now, and so are all before it."""
-        led = self._ledgers[ledger_id]
-        if led.disk_pages is not None:
-            if page_no >= led.disk_pages:
-                led.disk_pages = page_no + 1
-            if page_no >= led.full_pages:
-                led.full_pages = page_no + 1
-
     def _ensure_file(self, led: _Ledger) -> list[str]:
         """Create the ledger's index file with its header; returns directories to fsync."""
         if led.on_disk:
@@ -611,115 +431,3 @@ class LedgerCache:
         # Written at once so that the file never starts without a header.
         self._disk.pwrite(fd, self._header_of(led.ledger_id).encode(led.ledger_id), 0)
         return new_dirs
-
-    @property
-    def bytes_max(self) -> int:
-        return self._bytes_max
-
-    @property
-    def files_open_max(self) -> int:
-        """Index file descriptors kept open at most (least recently used closed first)."""
-        return self._fds_max
-
-    @property
-    def sync_mode(self) -> str:
-        """How a flush is made durable, for the boot log: ``syncfs`` or ``fsync``."""
-        return "syncfs" if self._fs_fds else "fsync"
-
-    @property
-    def _delta_bytes(self) -> int:
-        return len(self._deltas) * DELTA_PAGE_BYTES + self._delta_slots * DELTA_SLOT_BYTES
-
-    @property
-    def cached_bytes(self) -> int:
-        return (len(self._dirty) + len(self._clean)) * PAGE_BYTES + self._delta_bytes
-
-    @property
-    def dirty_bytes(self) -> int:
-        """Memory only a flush can give back: dirty pages and deltas. A dirty page with a
-        changed range counts as the delta it can be turned into (its page charge; the
-        slots are counted once it is): the cache does that instead of growing."""
-        ranges = len(self._ranges)
-        return (len(self._dirty) - ranges) * PAGE_BYTES + ranges * DELTA_PAGE_BYTES + self._delta_bytes
-
-    @property
-    def needs_flush(self) -> bool:
-        """True when dirty pages and deltas alone fill ``bytes_max``: the owner should checkpoint."""
-        return self.dirty_bytes >= self._bytes_max
-
-    def _evict(self) -> None:
-        over = self.cached_bytes - self._bytes_max
-        while over > 0 and self._clean:
-            (ledger_id, page_no), _ = self._clean.popitem(last=False)
-            self._ledgers[ledger_id].release(page_no)
-            over -= PAGE_BYTES
-        ranges = self._ranges
-        while over > 0 and ranges:
-            over -= self._downgrade(next(iter(ranges)))  # the longest dirty first
-
-    def _downgrade(self, key: tuple[int, int]) -> int:
-        """A dirty page that equals its file outside its changed range becomes a delta of the
-        range's slots (see the module doc, "Changed ranges"); returns the bytes freed.
-
-        Only slots whose check word holds are taken: a damaged slot the page was read with
-        stays as it is in the file (written again with a fresh check word it would pass for
-        a sound one). Empty slots in the range are empty in the file too."""
-        page = self._dirty.pop(key)
-        lo, hi = self._ranges.pop(key)
-        first = key[1] * PAGE_ENTRIES
-        delta: dict[int, int] = {}
-        for i in range(lo, hi + 1, 2):
-            location = page[i]
-            entry_id = first + i // 2
-            if location and page[i + 1] == location ^ entry_id ^ SLOT_KEY:
-                delta[entry_id] = location
-        self._deltas[key] = delta  # the page number stays held (by the delta now)
-        self._delta_slots += len(delta)
-        return PAGE_BYTES - DELTA_PAGE_BYTES - len(delta) * DELTA_SLOT_BYTES
-
-    def _load_page(self, led: _Ledger, page_no: int) -> Page:
-        if not led.on_disk or page_no >= self._disk_pages(led):
-            return index.new_page()
-        return index.read_page(self._fd(led), page_no)
-
-    def _disk_pages(self, led: _Ledger) -> int:
-        if led.disk_pages is None:
-            if led.on_disk:
-                size = os.fstat(self._fd(led)).st_size
-                led.disk_pages, led.full_pages = index.page_count(size), index.whole_pages(size)
-            else:
-                led.disk_pages = led.full_pages = 0
-        return led.disk_pages
-
-    def _full_pages(self, led: _Ledger) -> int:
-        self._disk_pages(led)
-        return led.full_pages
-
-    def _fd(self, led: _Ledger) -> int:
-        fd = self._fds.get(led.ledger_id)
-        if fd is not None:
-            self._fds.move_to_end(led.ledger_id)
-            return fd
-        fd = os.open(led.path, os.O_RDWR)
-        self._remember_fd(led.ledger_id, fd)
-        return fd
-
-    def _remember_fd(self, ledger_id: int, fd: int) -> None:
-        self._fds[ledger_id] = fd
-        if len(self._fds) > self._fds_max:
-            os.close(self._fds.popitem(last=False)[1])
-
-    def close(self) -> None:
-        """Close file descriptors (call :meth:`flush` first: close does not write)."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        for fd in self._fs_fds:
-            os.close(fd)
-        self._fs_fds.clear()
-
-
-def _apply(page: Page, delta: dict[int, int]) -> None:
-    """Put a delta's slots (entry id -> location) into its page as read from the file."""
-    for entry_id, location in delta.items():
-        index.set_slot(page, entry_id, location)

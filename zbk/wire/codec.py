@@ -5,10 +5,10 @@ frames 1..n are raw payload frames (entry blobs, or packed entry ranges) that ar
 copied into the CBOR. The ROUTER identity frame is the socket loop's business: this codec
 sees the frames after it.
 
-Encoding writes the header with a small hand-rolled CBOR writer (the header holds only
-ints, byte strings and text, so the writer is ~20 lines and about 3x faster than
-``cbor2.dumps``; the tests check it byte for byte against cbor2). It does not validate: the
-receiver's decoder does.
+Encoding (zbk/wire/encoders.py) writes the header with a small hand-rolled CBOR writer
+(zbk/wire/cborwriter.py: the header holds only ints, byte strings and text, so the writer
+is ~20 lines and about 3x faster than ``cbor2.dumps``; the tests check it byte for byte
+against cbor2). It does not validate: the receiver's decoder does.
 
 Decoding is the trust boundary. It reads the header with one ``cbor2.loads`` restricted to a
 flat definite-length map (no nesting, hence no tags, no duplicate keys, text or byte keys
@@ -20,7 +20,6 @@ their contents are the entry format's business (:func:`zbk.wire.entry.peek_entry
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +27,14 @@ from typing import Any
 import cbor2
 
 from zbk import limits
+from zbk.wire.cborwriter import _KEY_BYTES, _MAJOR_MAP
+from zbk.wire.encoders import (
+    _PART,
+    VERSION,
+    _part_columns,
+    encode,
+    encode_multi_add_statuses,
+)
 from zbk.wire.errors import FrameError
 from zbk.wire.messages import (
     BOOKIE_STATES,
@@ -44,7 +51,6 @@ from zbk.wire.messages import (
     ForceLedgerResponse,
     ListEntriesRequest,
     ListEntriesResponse,
-    Message,
     MultiAddRequest,
     MultiAddResponse,
     PackedParts,
@@ -60,315 +66,17 @@ from zbk.wire.messages import (
     WriteLacResponse,
 )
 from zbk.wire.ops import ADD_FLAGS_ALL, READ_FLAGS_ALL, AddFlag, OpCode, ReadFlag
-from zbk.wire.ranges import pack_ranges, unpack_ranges
+from zbk.wire.ranges import unpack_ranges
 from zbk.wire.status import Status
 
-VERSION = limits.PROTOCOL_VERSION
+__all__ = ["VERSION", "decode_request", "decode_response", "encode", "encode_multi_add_statuses"]
+
 # Flag bits as plain ints: bit tests on IntFlag members go through the enum machinery (~1 us).
 _FENCE = int(ReadFlag.FENCE)
 _LONG_POLL = int(ReadFlag.LONG_POLL)
 _SPARSE = int(ReadFlag.SPARSE)
 _U64_MAX = 2**64 - 1
 _I64_MAX = 2**63 - 1
-
-# --- CBOR writer (RFC 8949 subset: uint, negative int, byte string, text string, map) -----
-
-_MAJOR_UINT, _MAJOR_NINT, _MAJOR_BYTES, _MAJOR_TEXT, _MAJOR_MAP = 0x00, 0x20, 0x40, 0x60, 0xA0
-_ONE_BYTE = [bytes((i,)) for i in range(256)]
-_pack_h16 = struct.Struct(">BH").pack
-_pack_h32 = struct.Struct(">BI").pack
-_pack_h64 = struct.Struct(">BQ").pack
-
-
-def _head(major: int, n: int) -> bytes:
-    """A CBOR initial byte plus argument ``n`` in its shortest form (as cbor2 writes it)."""
-    if n < 24:
-        return _ONE_BYTE[major | n]
-    if n < 0x100:
-        return bytes((major | 24, n))
-    if n < 0x10000:
-        return _pack_h16(major | 25, n)
-    if n < 0x100000000:
-        return _pack_h32(major | 26, n)
-    return _pack_h64(major | 27, n)
-
-
-def _text(s: str) -> bytes:
-    raw = s.encode()
-    return _head(_MAJOR_TEXT, len(raw)) + raw
-
-
-_HeaderValue = int | bytes | str
-_KEYS = ("v", "op", "rid", "st", "l", "mk", "f", "e", "n", "pl", "to", "lac", "e0", "e1",
-         "fb", "tb", "bs", "nl", "nll")  # fmt: skip
-_KEY_BYTES = {k: _text(k) for k in _KEYS}
-
-
-def _cbor_map(header: dict[str, _HeaderValue]) -> bytes:
-    parts = [_head(_MAJOR_MAP, len(header))]
-    append = parts.append
-    for key, value in header.items():
-        append(_KEY_BYTES[key])
-        if isinstance(value, int):  # IntEnum and IntFlag included
-            if 0 <= value < 24:  # the common case (v, op, st, f, small ids): a table lookup
-                append(_ONE_BYTE[value])  # indexing, unlike "|" or "&", is fast on enums
-            else:
-                append(_head(_MAJOR_UINT, value) if value >= 0 else _head(_MAJOR_NINT, -1 - value))
-        elif isinstance(value, str):
-            append(_text(value))
-        else:
-            append(_head(_MAJOR_BYTES, len(value)))
-            append(value)
-    return b"".join(parts)
-
-
-# --- encoders --------------------------------------------------------------------------------
-
-
-def _base(op: OpCode, rid: int) -> dict[str, _HeaderValue]:
-    return {"v": VERSION, "op": op, "rid": rid}
-
-
-def _response_base(op: OpCode, rid: int, status: Status, ledger_id: int) -> dict[str, _HeaderValue]:
-    return {"v": VERSION, "op": op, "rid": rid, "st": status, "l": ledger_id}
-
-
-def _put_read_options(
-    h: dict[str, _HeaderValue], flags: ReadFlag, master_key: bytes | None, previous_lac: int, timeout_ms: int
-) -> None:
-    if flags:
-        h["f"] = flags
-    if master_key is not None:
-        h["mk"] = master_key
-    if flags and int(flags) & _LONG_POLL:  # int(): "&" on an IntFlag costs ~1 us
-        h["pl"] = previous_lac
-        h["to"] = timeout_ms
-
-
-# Packed entries (ADD_ENTRY and MULTI_ADD with ``n`` in the header): the entry blobs travel
-# as two frames, not one frame each: a length table (``n`` big-endian uint32) and the blobs
-# back to back. A ZeroMQ frame costs ~1.5 us to send and as much to receive, whatever its
-# size, and a batch holds up to 4,096 entries (docs/protocol.md, "Packed entries").
-def _packed(entries: Sequence[Blob]) -> list[Blob]:
-    return [struct.pack(f">{len(entries)}I", *map(len, entries)), b"".join(entries)]
-
-
-def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int) -> tuple[Blob, ...]:
-    """The entry blobs of a packed message whose length table is frame ``at`` (and its blobs
-    frame ``at + 1``, the last): exactly ``n`` blobs that fill the blob frame."""
-    n = _count(h["n"], "n", high)
-    if len(frames) != at + 2:
-        raise _Invalid(f"packed entries take 2 frames after frame {at - 1}, got {len(frames) - at}")
-    table, data = frames[at], frames[at + 1]
-    if len(table) != 4 * n:
-        raise _Invalid(f"length table of {len(table)} bytes for n = {n} entries")
-    lengths = struct.unpack(f">{n}I", table)
-    if sum(lengths) != len(data):
-        raise _Invalid(f"the entries' lengths add up to {sum(lengths)} bytes, the blob frame has {len(data)}")
-    out: list[Blob] = []
-    append, pos = out.append, 0
-    for size in lengths:
-        end = pos + size
-        append(data[pos:end])
-        pos = end
-    return tuple(out)
-
-
-def _enc_add_request(m: AddRequest) -> list[Blob]:
-    h: dict[str, _HeaderValue] = {"v": VERSION, "op": OpCode.ADD_ENTRY, "rid": m.rid, "l": m.ledger_id}
-    h["mk"] = m.master_key
-    if m.flags:
-        h["f"] = m.flags
-    h["n"] = len(m.entries)
-    return [_cbor_map(h), *_packed(m.entries)]
-
-
-# MULTI_ADD part table (frame 1): per part, big-endian ledger id, entry count, add flags,
-# master key. Its entries follow, part after part: packed in frames 2 and 3 (``n`` = all
-# entries), or one frame each from frame 2 on (no ``n``; still accepted).
-_PART = struct.Struct(">qIB32s")
-assert _PART.size == 45 and MASTER_KEY_BYTES == 32
-_PARTS_STRUCTS_MAX = 16  # compiled formats kept: at most 16 x 128 KiB (1,024 parts each)
-
-
-@functools.lru_cache(maxsize=_PARTS_STRUCTS_MAX)
-def _parts_struct(n: int) -> struct.Struct:
-    """The format of a part table of ``n`` parts, compiled once per part count in use."""
-    return struct.Struct(">" + "qIB32s" * n)
-
-
-def _part_columns(table: Blob, n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bytes, ...]]:
-    """The part table's ledger ids, counts, flags and keys, each a tuple: one unpack of all
-    ``n`` parts into a flat tuple, then four strided slices, all in C. (``zip`` over
-    ``iter_unpack`` made a tuple per part and transposed them: 150 against 40-65 ns a
-    part, decoded by each bookie for every part; issue #8.)"""
-    flat = _parts_struct(n).unpack(table)
-    return flat[0::4], flat[1::4], flat[2::4], flat[3::4]
-
-
-def _enc_multi_add_request(m: MultiAddRequest) -> list[Blob]:
-    parts = m.parts
-    entries: Sequence[Blob]
-    if type(parts) is PackedParts:  # the client's write path: columns, packed in C
-        table = b"".join(map(_PART.pack, parts.ledger_ids, parts.counts, parts.flags, parts.keys))
-        entries = parts.entries
-    else:
-        pack = _PART.pack
-        table = b"".join([pack(p.ledger_id, len(p.entries), p.flags, p.master_key) for p in parts])
-        entries = []
-        for p in parts:
-            entries.extend(p.entries)
-    header = _cbor_map({"v": VERSION, "op": OpCode.MULTI_ADD, "rid": m.rid, "n": len(entries)})
-    return [header, table, *_packed(entries)]
-
-
-def _enc_multi_add_response(m: MultiAddResponse) -> list[Blob]:
-    h = _base(OpCode.MULTI_ADD, m.rid)
-    h["st"] = m.status
-    return [_cbor_map(h), bytes(m.statuses)]
-
-
-def encode_multi_add_statuses(rid: int, statuses: bytes | bytearray) -> list[Blob]:
-    """``encode(MultiAddResponse(rid=rid, status=EOK, statuses=...))`` from the status codes
-    as bytes (the frames are identical): a bookie answers up to thousands of parts per
-    request and need not build a Status per part only for the encoder to turn it back into
-    a byte. Every byte must be a Status code."""
-    return _enc_multi_add_response(MultiAddResponse(rid=rid, status=Status.EOK, statuses=statuses))  # type: ignore[arg-type]
-
-
-def _enc_read_request(m: ReadRequest) -> list[Blob]:
-    h = _base(OpCode.READ_ENTRY, m.rid)
-    h["l"] = m.ledger_id
-    h["e"] = m.first_entry_id
-    if m.count != 1:
-        h["n"] = m.count
-    _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
-    return [_cbor_map(h)]
-
-
-def _enc_read_lac_request(m: ReadLacRequest) -> list[Blob]:
-    h = _base(OpCode.READ_LAC, m.rid)
-    h["l"] = m.ledger_id
-    _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
-    return [_cbor_map(h)]
-
-
-def _enc_write_lac_request(m: WriteLacRequest) -> list[Blob]:
-    h = _base(OpCode.WRITE_LAC, m.rid)
-    h.update(l=m.ledger_id, mk=m.master_key, lac=m.lac)
-    return [_cbor_map(h)]
-
-
-def _enc_force_ledger_request(m: ForceLedgerRequest) -> list[Blob]:
-    h = _base(OpCode.FORCE_LEDGER, m.rid)
-    h["l"] = m.ledger_id
-    return [_cbor_map(h)]
-
-
-def _enc_write_close_request(m: WriteCloseRequest) -> list[Blob]:
-    h = _base(OpCode.WRITE_CLOSE, m.rid)
-    h.update(l=m.ledger_id, mk=m.master_key)
-    return [_cbor_map(h)]
-
-
-def _enc_clear_limbo_request(m: ClearLimboRequest) -> list[Blob]:
-    h = _base(OpCode.CLEAR_LIMBO, m.rid)
-    h.update(l=m.ledger_id, mk=m.master_key)
-    return [_cbor_map(h)]
-
-
-def _enc_bookie_info_request(m: BookieInfoRequest) -> list[Blob]:
-    return [_cbor_map(_base(OpCode.GET_BOOKIE_INFO, m.rid))]
-
-
-def _enc_list_entries_request(m: ListEntriesRequest) -> list[Blob]:
-    h = _base(OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER, m.rid)
-    h["l"] = m.ledger_id
-    return [_cbor_map(h)]
-
-
-def _enc_error_response(m: ErrorResponse) -> list[Blob]:
-    h = _base(OpCode.ERROR, m.rid)
-    h["st"] = m.status
-    return [_cbor_map(h)]
-
-
-def _enc_add_response(m: AddResponse) -> list[Blob]:
-    h = _response_base(OpCode.ADD_ENTRY, m.rid, m.status, m.ledger_id)
-    h["e0"] = m.first_entry_id
-    h["e1"] = m.last_entry_id
-    return [_cbor_map(h)]
-
-
-def _enc_read_response(m: ReadResponse) -> list[Blob]:
-    h = _response_base(OpCode.READ_ENTRY, m.rid, m.status, m.ledger_id)
-    h["e"] = m.first_entry_id
-    h["lac"] = m.lac
-    return [_cbor_map(h), *m.entries]
-
-
-def _enc_read_lac_response(m: ReadLacResponse) -> list[Blob]:
-    h = _response_base(OpCode.READ_LAC, m.rid, m.status, m.ledger_id)
-    h["lac"] = m.lac
-    header = _cbor_map(h)
-    return [header] if m.last_entry is None else [header, m.last_entry]
-
-
-def _enc_write_lac_response(m: WriteLacResponse) -> list[Blob]:
-    return [_cbor_map(_response_base(OpCode.WRITE_LAC, m.rid, m.status, m.ledger_id))]
-
-
-def _enc_force_ledger_response(m: ForceLedgerResponse) -> list[Blob]:
-    return [_cbor_map(_response_base(OpCode.FORCE_LEDGER, m.rid, m.status, m.ledger_id))]
-
-
-def _enc_write_close_response(m: WriteCloseResponse) -> list[Blob]:
-    return [_cbor_map(_response_base(OpCode.WRITE_CLOSE, m.rid, m.status, m.ledger_id))]
-
-
-def _enc_clear_limbo_response(m: ClearLimboResponse) -> list[Blob]:
-    return [_cbor_map(_response_base(OpCode.CLEAR_LIMBO, m.rid, m.status, m.ledger_id))]
-
-
-def _enc_bookie_info_response(m: BookieInfoResponse) -> list[Blob]:
-    h = _base(OpCode.GET_BOOKIE_INFO, m.rid)
-    h.update(st=m.status, fb=m.free_bytes, tb=m.total_bytes, bs=m.state, nl=m.ledgers, nll=m.limbo_ledgers)
-    return [_cbor_map(h)]
-
-
-def _enc_list_entries_response(m: ListEntriesResponse) -> list[Blob]:
-    h = _response_base(OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER, m.rid, m.status, m.ledger_id)
-    return [_cbor_map(h), pack_ranges(m.entry_ranges)]
-
-
-_ENCODERS: dict[type, Callable[[Any], list[Blob]]] = {
-    AddRequest: _enc_add_request,
-    MultiAddRequest: _enc_multi_add_request,
-    ReadRequest: _enc_read_request,
-    ReadLacRequest: _enc_read_lac_request,
-    WriteLacRequest: _enc_write_lac_request,
-    ForceLedgerRequest: _enc_force_ledger_request,
-    WriteCloseRequest: _enc_write_close_request,
-    ClearLimboRequest: _enc_clear_limbo_request,
-    BookieInfoRequest: _enc_bookie_info_request,
-    ListEntriesRequest: _enc_list_entries_request,
-    ErrorResponse: _enc_error_response,
-    AddResponse: _enc_add_response,
-    MultiAddResponse: _enc_multi_add_response,
-    ReadResponse: _enc_read_response,
-    ReadLacResponse: _enc_read_lac_response,
-    WriteLacResponse: _enc_write_lac_response,
-    ForceLedgerResponse: _enc_force_ledger_response,
-    WriteCloseResponse: _enc_write_close_response,
-    ClearLimboResponse: _enc_clear_limbo_response,
-    BookieInfoResponse: _enc_bookie_info_response,
-    ListEntriesResponse: _enc_list_entries_response,
-}
-
-
-def encode(msg: Message) -> list[Blob]:
-    """The frames of ``msg``: the CBOR header, then its payload frames (not copied)."""
-    return _ENCODERS[type(msg)](msg)
 
 
 # --- field validators ------------------------------------------------------------------------
@@ -467,6 +175,27 @@ def _read_options(h: dict[str, Any]) -> tuple[ReadFlag, bytes | None, int, int]:
     if type(timeout_ms) is not int or not 0 <= timeout_ms <= limits.long_poll_timeout_ms_max:
         raise _Invalid(f"to must be in 0..{limits.long_poll_timeout_ms_max} ms, got {_show(timeout_ms)}")
     return flags, master_key, _lac(h["pl"], "pl"), timeout_ms
+
+
+def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int) -> tuple[Blob, ...]:
+    """The entry blobs of a packed message whose length table is frame ``at`` (and its blobs
+    frame ``at + 1``, the last): exactly ``n`` blobs that fill the blob frame."""
+    n = _count(h["n"], "n", high)
+    if len(frames) != at + 2:
+        raise _Invalid(f"packed entries take 2 frames after frame {at - 1}, got {len(frames) - at}")
+    table, data = frames[at], frames[at + 1]
+    if len(table) != 4 * n:
+        raise _Invalid(f"length table of {len(table)} bytes for n = {n} entries")
+    lengths = struct.unpack(f">{n}I", table)
+    if sum(lengths) != len(data):
+        raise _Invalid(f"the entries' lengths add up to {sum(lengths)} bytes, the blob frame has {len(data)}")
+    out: list[Blob] = []
+    append, pos = out.append, 0
+    for size in lengths:
+        end = pos + size
+        append(data[pos:end])
+        pos = end
+    return tuple(out)
 
 
 # --- request decoders ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Keys are ZeroMQ certificate files (``zmq.auth``; Z85 text): ``NAME.key`` holds a public
 key, ``NAME.key_secret`` the pair. ``zbk keygen --dir DIR --name NAME`` writes both.
 
-Bookie (``BookieConfig``)
-    ``curve_secret_key_file``: the bookie's own pair. ``curve_authorized_keys_dir``: a
+Bookie (``BookieConfig``, its ``[curve]`` table)
+    ``secret_key_file`` (flat: ``curve_secret_key_file``): the bookie's own pair.
+    ``authorized_keys_dir`` (``curve_authorized_keys_dir``): a
     directory of client public keys (``*.key``); only those clients complete the
     handshake. The check is a ZAP handler (``zmq.auth`` ThreadAuthenticator) on the
     bookie's context, consulted for every new connection; the directory is re-read when
@@ -39,7 +40,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zbk.errors import ConfigError
 
 if TYPE_CHECKING:
-    from zbk.config import BookieConfig, ClientConfig
+    from zbk.config import ClientConfig, CurveConfig
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,11 @@ class CurveServer:
             log.warning("CURVE: no client key in %s yet: every client is refused", authorized_keys_dir)
 
     @classmethod
-    def from_config(cls, cfg: BookieConfig) -> CurveServer | None:
-        if not cfg.curve_secret_key_file:
+    def from_config(cls, cfg: CurveConfig) -> CurveServer | None:
+        """The bookie's ``[curve]`` section; None when CURVE is off."""
+        if not cfg.secret_key_file:
             return None
-        return cls(cfg.curve_secret_key_file, cfg.curve_authorized_keys_dir)
+        return cls(cfg.secret_key_file, cfg.authorized_keys_dir)
 
     def reload(self) -> bool:
         """Re-read the authorized keys if the directory changed; True when it was re-read."""

@@ -55,7 +55,7 @@ def add_part(ledger_id: int, master_key: bytes, flags: AddFlag, entries: Sequenc
     """``AddRequest(rid=0, ...)``, a MULTI_ADD part, built at a quarter of the cost: a frozen
     dataclass's ``__init__`` sets each field through ``object.__setattr__`` (about 2 us for
     five), and a MULTI_ADD has a part per ledger, thousands per second at 10,000 ledgers on
-    both the client and every bookie (issue #8). Equal to the ordinary construction (tested)."""
+    both the client and every bookie. Equal to the ordinary construction (tested)."""
     r = _new(AddRequest)
     set_rid, set_lid, set_key, set_flags, set_entries = _AR_SET
     set_rid(r, 0)
@@ -71,8 +71,8 @@ class PackedParts(Sequence[AddRequest]):
     (``ledger_ids``, ``counts``, ``flags`` as ints, ``keys``; one item per part) and
     ``entries``, every part's entries one after the other. Part ``i`` is built as an
     AddRequest only when asked for (``parts[i]``, iteration); a bookie's admission reads the
-    columns instead, so that a request of 500 one-entry parts costs no object per part
-    (performance issue #8). ``ones``: every part has exactly one entry, the entry of part
+    columns instead, so that a request of 500 one-entry parts costs no object per part.
+    ``ones``: every part has exactly one entry, the entry of part
     ``i`` is then ``entries[i]``. The decoder validated every column."""
 
     __slots__ = ("ledger_ids", "counts", "flags", "keys", "entries", "ones", "_starts")

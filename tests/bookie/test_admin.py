@@ -1,0 +1,81 @@
+"""The admin HTTP handlers ask the Server for its state with a message and wait a bounded
+time for the answer; they never read its core. Here a thread plays the Server's end of the
+admin pipe (the real bookie's routes are in test_rules.py)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+import zmq
+
+from zbk import limits
+from zbk.actors.base import drop_handoff, handoff_for, pipe_address
+from zbk.actors.messages import BookieStatus, SetReadOnly, StatusRequest
+from zbk.bookie.admin import BookieAdmin
+from zbk.config import BookieConfig
+from zbk.errors import ZbkTimeoutError
+
+
+class _Cfg:
+    bookie_id = "bk-1"
+
+
+@pytest.fixture
+def admin() -> Iterator[tuple[BookieAdmin, zmq.Socket[Any]]]:
+    """A BookieAdmin with only what its handlers use (the admin pipe), and the Server's end."""
+    ctx = zmq.Context()
+    instance = f"t-{uuid.uuid4().hex[:8]}"
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(pipe_address(instance, "admin", "server"))
+    a = BookieAdmin.__new__(BookieAdmin)  # no boot: the handlers need none of it
+    a.cfg = cast(BookieConfig, _Cfg())
+    a.instance = instance
+    a.admin = ctx.socket(zmq.PUSH)
+    a.admin.setsockopt(zmq.LINGER, 0)
+    a.admin.connect(pipe_address(instance, "admin", "server"))
+    a.admin_lock = threading.Lock()
+    try:
+        yield a, pull
+    finally:
+        a.admin.close(0)
+        pull.close(0)
+        drop_handoff(instance)
+        ctx.term()
+
+
+def test_info_is_the_servers_answer(admin: tuple[BookieAdmin, zmq.Socket[Any]]) -> None:
+    a, pull = admin
+    got: list[Any] = []
+
+    def server() -> None:
+        for _ in range(3):
+            if not pull.poll(5000):
+                return
+            msg = handoff_for(a.instance).take(pull.recv())
+            got.append(type(msg))
+            if isinstance(msg, StatusRequest):
+                msg.answer.set_result(BookieStatus(read_only=True, ledgers=4, limbo_ledgers=1,
+                                                   disk_used_bytes=250, disk_total_bytes=1000))
+
+    t = threading.Thread(target=server, daemon=True)
+    t.start()
+    try:
+        assert a._put_state({"state": "readonly"}) == {"state": "readonly"}
+        assert a.info() == {"id": "bk-1", "state": "readonly", "ledgers": 4, "limbo_ledgers": 1,
+                            "disk": {"used_bytes": 250, "total_bytes": 1000, "usage_ratio": 0.25}}
+        assert a.state() == "readonly"
+    finally:
+        t.join(10)
+    assert got == [SetReadOnly, StatusRequest, StatusRequest], "the read-only flag went as a message, in order"
+
+
+def test_a_server_that_does_not_answer_is_a_timeout(admin: tuple[BookieAdmin, zmq.Socket[Any]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = admin
+    monkeypatch.setattr(limits, "server_admin_answer_wait_s", 0.05)
+    with pytest.raises(ZbkTimeoutError):
+        a.info()

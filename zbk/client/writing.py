@@ -1,0 +1,473 @@
+"""Writing a ledger: LedgerHandle, with ensemble changes (the write path of
+zbk/client/handles.py), and the batches of adds it hands the AddDispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from zbk import limits
+from zbk.client import metrics as cm
+from zbk.client.context import AddScheduler, HandleContext, WriteSet
+from zbk.client.reading import ReadHandle, _fragment_index
+from zbk.errors import (
+    BookieUnavailableError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    ZbkError,
+    error_for_status,
+)
+from zbk.metadata.ledger import LedgerMetadata
+from zbk.wire import messages as w
+from zbk.wire.entry import build_entry
+from zbk.wire.ops import AddFlag
+from zbk.wire.status import Status
+
+# Named as the module this code was split from: log configuration and output stay as they were.
+log = logging.getLogger("zbk.client.handles")
+
+
+
+class _Add:
+    """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit):
+    plain ints, not sets, so that an entry in flight is one GC-tracked object rather than
+    three (with 10,000 ledgers written at once, each full collection of the cyclic GC walks
+    every tracked object, and such collections can take a large share of the client's CPU)."""
+
+    __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
+
+    def __init__(self, entry_id: int, blob: bytes, size: int, future: asyncio.Future[int], started: float) -> None:
+        self.entry_id = entry_id
+        self.blob = blob
+        self.size = size
+        self.future = future
+        self.started = started
+        self.acked = 0  # bookies that acknowledged it (bits)
+        self.sent = 0  # bookies it is in flight to, or acked by (bits)
+
+
+class LedgerHandle(ReadHandle):
+    """The single writer of a ledger (also readable up to its own LAC)."""
+
+    __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
+                 "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
+                 "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event")
+
+    def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
+                 recovery: bool = False, deferred_sync: bool = False) -> None:
+        super().__init__(ctx, md, version, password)
+        self.recovery = recovery  # recovery adds (used by ledger recovery and re-replication)
+        # DEFERRED_SYNC: appends complete once AQ bookies have them (not yet fsynced); the LAC,
+        # all that readers may see, advances only when force() made them durable.
+        self.deferred_sync = deferred_sync and not recovery
+        self.last_confirmed = -1  # highest entry confirmed by AQ acks (== lac unless deferred)
+        self.next_entry_id = 0 if md.last_entry_id < 0 or md.is_closed else md.last_entry_id + 1
+        self.length = 0  # confirmed bytes
+        self.pushed_length = 0
+        self.pending: deque[_Add] = deque()
+        self.failed: ZbkError | None = None
+        self.closing = False
+        self._dispatcher: AddScheduler = ctx.adds
+        self._unsent: list[_Add] = []  # appended since the last _collect
+        self._rescan = False  # look at every pending entry at the next _collect (ensemble change)
+        self._ws_md: LedgerMetadata | None = None  # _write_set's cache
+        self._ws_first = 0
+        self._ws_rot: tuple[WriteSet, ...] = ()  # tuples of str and int: untracked by the GC
+        flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
+        self._add_flags = flags | AddFlag.DEFERRED_SYNC if self.deferred_sync else flags
+        self._changing = False
+        # Not a set, nor a set of tasks below until there is one: with 10,000 open handles
+        # every container per handle is an object each full collection of the cyclic GC
+        # walks (empty frozensets and tuples are not tracked).
+        self._to_replace: frozenset[str] = _NO_BOOKIES
+        # Ensemble changes since an entry was last confirmed: bounds a writer flapping between
+        # bookies that each fail at once (two with failing disks) instead of spinning forever.
+        self._changes_without_progress = 0
+        self._tasks: set[asyncio.Task[Any]] | None = None
+        # Set when ``pending`` empties, made only while something waits for that (close,
+        # recovery): with many ledgers each entry empties its handle's pending, and an Event
+        # set and cleared per entry would be a measurable part of the client's CPU.
+        self._drain_event: asyncio.Event | None = None
+
+    # -- appending ----------------------------------------------------------------------------
+    def append(self, payload: bytes) -> asyncio.Future[int]:
+        """Queue ``payload``; the future completes with its entry id once confirmed (in order)."""
+        if self.failed is not None:
+            raise self.failed
+        if self.closing or self.md.is_closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+        if len(self.pending) >= self.ctx.config.pending_adds_max:
+            raise ZbkError(f"ledger {self.ledger_id}: more than {self.ctx.config.pending_adds_max} adds pending")
+        if self.next_entry_id > limits.entry_id_max:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is full ({limits.entry_id_max + 1} entries)")
+        size = len(payload)
+        self.pushed_length += size
+        eid = self.next_entry_id
+        self.next_entry_id += 1
+        blob = build_entry(self.ledger_id, eid, self.lac, payload, self.digest, ledger_length=self.pushed_length)
+        return self._push(eid, blob, size)
+
+    def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
+        if self.failed is not None:
+            raise self.failed  # nothing would send it: a recovery would wait for it forever
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        a = _Add(eid, blob, size, fut, time.monotonic())
+        self.pending.append(a)
+        self._unsent.append(a)
+        self._dispatcher.wake(self)
+        return fut
+
+    def _schedule_flush(self) -> None:
+        """Send every pending entry again where it is missing (after an ensemble change)."""
+        self._rescan = True
+        self._dispatcher.wake(self)
+
+    def _write_set(self, entry_id: int) -> WriteSet:
+        """md.write_set as ((bookie, bit), ...) and its bit mask, from rotations of the last
+        ensemble cached per metadata object."""
+        md = self.md
+        if md is not self._ws_md:
+            first, ensemble = md.fragments[-1]
+            self._ws_md, self._ws_first = md, first
+            self._ws_rot = self._dispatcher.rotations(ensemble, md.write_quorum)
+        if entry_id >= self._ws_first:
+            return self._ws_rot[entry_id % len(self._ws_rot)]
+        return self._dispatcher.write_set_of(md.write_set(entry_id))
+
+    def _collect(self, out: dict[str, _Batch], fresh: dict[int, _Batch]) -> None:
+        """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
+        entry's bookies of its write set that it has not been sent to, per bookie (a part of
+        that bookie's batch). Only new entries are looked at, except after an ensemble change
+        (then all pending ones). A handle with a single new entry, the common case with many
+        ledgers, puts it in ``fresh`` instead: one batch per write set (its bit mask), for
+        all of that set's bookies at once, rather than a part in each bookie's batch."""
+        if self._changing or self.failed is not None:
+            return  # the change ends with _schedule_flush(): everything is looked at then
+        adds: Any = self._unsent
+        if self._rescan:
+            self._rescan = False
+            adds.clear()
+            adds = self.pending
+        elif len(adds) > 1:
+            self._unsent = []
+        write_set = self._write_set
+        if len(adds) == 1:  # the common case with many ledgers: no per-handle lists
+            a = adds[0]
+            if adds is self._unsent:
+                adds.clear()  # reused: a new list per turn would live until the next (GC churn)
+            sent = a.sent
+            pairs, mask = write_set(a.entry_id)
+            if not sent:
+                a.sent = mask
+                batch = fresh.get(mask)
+                if batch is None:
+                    batch = fresh[mask] = _Batch()
+                batch.add_one(self, a)
+                return
+            for b, bit in pairs:
+                if not sent & bit:
+                    sent |= bit
+                    batch = out.get(b)
+                    if batch is None:
+                        batch = out[b] = _Batch()
+                    batch.add_one(self, a)
+            a.sent = sent
+            return
+        mine: dict[str, list[_Add]] = {}
+        for a in adds:
+            sent = a.sent
+            for b, bit in write_set(a.entry_id)[0]:
+                if not sent & bit:
+                    sent |= bit
+                    lst = mine.get(b)
+                    if lst is None:
+                        mine[b] = [a]
+                    else:
+                        lst.append(a)
+            a.sent = sent
+        for b, lst in mine.items():
+            batch = out.get(b)
+            if batch is None:
+                batch = out[b] = _Batch()
+            batch.add(self, lst)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks = self._tasks
+        if tasks is None:
+            tasks = self._tasks = set()
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _add_request(self, rid: int, adds: list[_Add]) -> w.AddRequest:
+        return w.AddRequest(rid=rid, ledger_id=self.ledger_id, master_key=self.master_key, flags=self._add_flags,
+                            entries=[a.blob for a in adds])
+
+    def _add_failed(self, bookie: str, adds: list[_Add], err: BaseException) -> None:
+        """The request carrying ``adds`` to ``bookie`` got no answer (or the transport refused it)."""
+        if isinstance(err, UnauthorizedError):  # CURVE: this client's key is refused
+            self._fail(err)
+        elif getattr(self.ctx.transport, "closed", False):
+            # The client is shutting down (its requests fail with "client closed"): no
+            # ensemble change, which would only go to metadata for every open ledger.
+            self._fail(err if isinstance(err, ZbkError) else BookieUnavailableError(str(err)))
+        else:
+            self._bookie_failed(bookie, adds, str(err))
+
+    def _add_answered(self, bookie: str, adds: list[_Add], status: Status, now: float | None = None,
+                      latencies: list[float] | None = None) -> None:
+        if status == Status.EOK:
+            bit = self._dispatcher.bit(bookie)
+            for a in adds:
+                if a.sent & bit:  # not re-routed away from this bookie meanwhile
+                    a.acked |= bit
+            self._advance(now, latencies)
+        elif status == Status.EFENCED:
+            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced (by {bookie}): another client is recovering it"))
+        elif status == Status.EUA:
+            self._fail(UnauthorizedError(f"ledger {self.ledger_id}: {bookie} refused the master key"))
+        else:
+            self._bookie_failed(bookie, adds, status.name)
+
+    def _advance(self, now: float | None = None, latencies: list[float] | None = None) -> None:
+        """Confirm, in entry order, the pending entries that AQ bookies acknowledged. Their
+        latencies go to ``latencies`` (observed by the caller, once per response) or, without
+        it, straight to the histogram."""
+        pending = self.pending
+        if not pending:
+            self._drained()
+            return
+        aq = self.md.ack_quorum
+        if pending[0].acked.bit_count() < aq:
+            return
+        if now is None:
+            now = time.monotonic()
+        lat = [] if latencies is None else latencies
+        while pending and pending[0].acked.bit_count() >= aq:
+            a = pending.popleft()
+            self.last_confirmed = a.entry_id
+            self.length += a.size
+            lat.append(now - a.started)
+            if not a.future.done():
+                a.future.set_result(a.entry_id)
+        self._changes_without_progress = 0
+        if not self.deferred_sync:
+            self.lac = self.last_confirmed
+        if latencies is None:
+            cm.ADD_ENTRY_SECONDS.observe_many(lat)
+        if not pending:
+            self._drained()
+
+    def _drained(self) -> None:
+        """``pending`` is empty: wake whoever waits in wait_drained."""
+        ev = self._drain_event
+        if ev is not None:
+            self._drain_event = None
+            ev.set()
+
+    async def wait_drained(self) -> None:
+        """Until no add is pending (each confirmed or failed)."""
+        while self.pending:
+            ev = self._drain_event
+            if ev is None:
+                ev = self._drain_event = asyncio.Event()
+            await ev.wait()
+
+    def _bookie_failed(self, bookie: str, adds: list[_Add], why: str) -> None:
+        if self.failed is not None or bookie not in self.md.last_ensemble:
+            return  # a late answer from a bookie already replaced
+        keep = ~self._dispatcher.bit(bookie)
+        for a in adds:
+            a.sent &= keep
+        log.warning("ledger %d: bookie %s failed (%s): ensemble change", self.ledger_id, bookie, why)
+        self._to_replace |= {bookie}
+        if not self._changing:
+            self._changing = True
+            self._spawn(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._to_replace & set(self.md.last_ensemble) and self.failed is None:
+                self._changes_without_progress += 1
+                if self._changes_without_progress > self.ctx.config.ensemble_change_attempts_max:
+                    raise NotEnoughBookiesError(f"ledger {self.ledger_id}: {self._changes_without_progress - 1} "
+                                                "ensemble changes without confirming an entry")
+                await self._change_once()
+        except ZbkError as e:
+            self._fail(e)
+            return
+        finally:
+            self._changing = False
+        if self.failed is None:
+            self._schedule_flush()
+
+    async def _change_once(self) -> None:
+        bookies = await self.ctx.writable_bookies()
+        ensemble = list(self.md.last_ensemble)
+        replaced = []
+        try:
+            for i, b in enumerate(ensemble):
+                if b in self._to_replace:
+                    ensemble[i] = self.ctx.placement.choose_replacement(bookies, ensemble, i, exclude=self._to_replace)
+                    replaced.append(b)
+        except NotEnoughBookiesError:
+            # No spare bookie, but the silent one may just be fenced by a recovering reader:
+            # then the writer must learn that it lost the ledger, not that bookies are short.
+            await self._fresh_metadata_unless_fenced()
+            raise
+        first = self.lac + 1
+        new_md = self.md.with_fragment(first, ensemble)
+        if not self.recovery:
+            try:
+                self.version = await self.ctx.write_metadata(new_md, self.version)
+            except MetadataVersionError:
+                self.md, self.version = await self._fresh_metadata_unless_fenced()
+                return  # retry on the fresh metadata
+        # Ledger recovery keeps its ensemble changes in memory and writes them with the close
+        # (as BookKeeper's ReadOnlyLedgerHandle does). Written now, they would send the
+        # recovery reads of later entries, and any later recovery, to replacement bookies
+        # that never saw the writer's copies: their "no such entry" would truncate acked ones.
+        self.md = new_md
+        self._to_replace = self._to_replace - set(replaced) or _NO_BOOKIES
+        cm.ENSEMBLE_CHANGES.inc()
+        log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, first, replaced,
+                 [b for b in ensemble if b not in self.md.fragments[0][1]] or ensemble)
+        # Acks and sends count only for bookies of each entry's new write set.
+        write_set = self._write_set
+        for a in self.pending:
+            ws = write_set(a.entry_id)[1]
+            a.acked &= ws
+            a.sent &= ws
+
+    async def _fresh_metadata_unless_fenced(self) -> tuple[LedgerMetadata, int]:
+        """The current metadata; LedgerFencedError if a recovering reader has taken over."""
+        current, version = await self.ctx.read_metadata(self.ledger_id)
+        if current.state != "OPEN" and not (self.recovery and current.state == "IN_RECOVERY"):
+            raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state}: fenced by a recovering reader")
+        return current, version
+
+    def _fail(self, err: ZbkError) -> None:
+        if self.failed is None:
+            self.failed = err
+        for a in self.pending:
+            if not a.future.done():
+                a.future.set_exception(err)
+        self.pending.clear()
+        self._drained()
+
+    # -- closing ------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Wait for pending adds, then close the ledger at its LAC by CAS; send the advisory
+        WRITE_CLOSE (BP-32) to the ensemble without waiting."""
+        if self.md.is_closed:
+            return
+        self.closing = True
+        await self.wait_drained()
+        if self.failed is not None and not isinstance(self.failed, LedgerFencedError):
+            raise self.failed
+        if self.deferred_sync and self.failed is None:
+            await self.force()  # close only at a durable LAC
+        md, version = self.md, self.version
+        while True:
+            if md.is_closed:
+                break
+            if md.state == "IN_RECOVERY" and not self.recovery:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+            if self.failed is not None:
+                raise self.failed
+            closed = md.closed(self.lac, self.length)
+            try:
+                version = await self.ctx.write_metadata(closed, version)
+                md = closed
+                break
+            except MetadataVersionError:
+                md, version = await self.ctx.read_metadata(self.ledger_id)
+        self.md, self.version = md, version
+        self.lac = md.last_entry_id
+        self.ctx.send_write_close(self.md, self.master_key)
+
+    async def force(self) -> int:
+        """Make every entry confirmed so far durable (FORCE_LEDGER to the bookies that hold
+        them) and advance the LAC to it. A no-op for ledgers written without DEFERRED_SYNC,
+        whose entries are durable when confirmed. Raises if any of those bookies fails; the
+        LAC then stays where it was."""
+        target = self.last_confirmed
+        if not self.deferred_sync or target <= self.lac:
+            return self.lac
+        md = self.md
+        first_frag = _fragment_index(md, self.lac + 1)
+        bookies = {b for _, ens in md.fragments[first_frag:] for b in ens}
+        t = self.ctx.transport
+
+        async def one(bookie: str) -> None:
+            resp = await t.request(bookie, w.ForceLedgerRequest(rid=t.next_rid(), ledger_id=self.ledger_id),
+                                   self.ctx.add_timeout_s)
+            if resp.status != Status.EOK:
+                raise error_for_status(resp.status, f"{bookie}: FORCE_LEDGER of ledger {self.ledger_id}")
+
+        results = await asyncio.gather(*(one(b) for b in bookies), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise BookieUnavailableError(f"ledger {self.ledger_id}: force failed on {len(errors)} bookie(s): "
+                                         f"{errors[0]}")
+        self.lac = max(self.lac, target)
+        return self.lac
+
+
+_NO_BOOKIES: frozenset[str] = frozenset()
+
+
+
+
+_ROTATIONS_CACHED_MAX = 4096  # ensembles whose write sets an AddDispatcher keeps
+
+class _Batch:
+    """Adds for one bookie: parts of one or more handles, kept flat (a list of handles, the
+    end of each part in ``ents``, every part's entries one after the other) so that a part
+    costs no tuple or list of its own while its request is in flight."""
+
+    __slots__ = ("hs", "ends", "ents", "nbytes")
+
+    def __init__(self) -> None:
+        self.hs: list[LedgerHandle] = []
+        self.ends: list[int] = []  # part i is ents[ends[i-1]:ends[i]]
+        self.ents: list[_Add] = []
+        self.nbytes = 0
+
+    def add_one(self, h: LedgerHandle, a: _Add) -> None:
+        ents = self.ents
+        ents.append(a)
+        self.hs.append(h)
+        self.ends.append(len(ents))
+        self.nbytes += len(a.blob)
+
+    def add(self, h: LedgerHandle, adds: list[_Add]) -> None:
+        ents = self.ents
+        ents.extend(adds)
+        self.hs.append(h)
+        self.ends.append(len(ents))
+        self.nbytes += sum([len(a.blob) for a in adds])
+
+    def extend(self, other: _Batch) -> None:
+        """Append ``other``'s parts (of other handles than this batch's)."""
+        base = len(self.ents)
+        self.ents.extend(other.ents)
+        self.hs.extend(other.hs)
+        self.ends.extend([base + end for end in other.ends])
+        self.nbytes += other.nbytes
+
+    def parts(self) -> list[list[_Add]]:
+        out, start = [], 0
+        ents = self.ents
+        for end in self.ends:
+            out.append(ents[start:end])
+            start = end
+        return out
+

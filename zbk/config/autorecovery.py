@@ -1,0 +1,50 @@
+"""``AutoRecoveryConfig``: the ``zbk autorecovery`` process, and a bookie that runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from zbk import limits
+from zbk.config.checks import positive, tcp_port
+from zbk.config.client import ClientConfig
+from zbk.config.sections import RecoveryConfig
+from zbk.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoRecoveryConfig:
+    """The process's own keys at the top level; the auditor's and replicators' settings in
+    ``[autorecovery]``, the section a bookie's config shares."""
+
+    # Keys of the shared section that only a bookie takes (zbk/config/loading.py refuses them).
+    KEYS_NOT_TAKEN: ClassVar[dict[str, str]] = {
+        "autorecovery.enabled": "a bookie's key; zbk autorecovery always runs the auditor and replicators"}
+
+    metadata_uri: str = ""
+    http_port: int = 8100
+    http_bind_address: str = "127.0.0.1"
+    # host others reach this process's HTTP API at; it names the process as auditor and lock
+    # owner, so it must be unique ("" = http_bind_address, or the host name for 0.0.0.0 / ::)
+    advertised_address: str = ""
+    lease_ttl_s: int = limits.metadata_lease_ttl_s_default
+    admin_token: str = ""
+    # CURVE towards bookies that require it (the ClientConfig keys of the same names)
+    curve_secret_key_file: str = ""
+    curve_server_public_key_file: str = ""
+    curve_server_keys_dir: str = ""
+    autorecovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+
+    def client_config(self) -> ClientConfig:
+        """The client settings the auditor's checks and the replicators use."""
+        return ClientConfig(curve_secret_key_file=self.curve_secret_key_file,
+                            curve_server_public_key_file=self.curve_server_public_key_file,
+                            curve_server_keys_dir=self.curve_server_keys_dir).validate()
+
+    def validate(self) -> AutoRecoveryConfig:
+        if not self.metadata_uri:
+            raise ConfigError("metadata_uri must be set")
+        tcp_port("http_port", self.http_port)
+        positive("lease_ttl_s", self.lease_ttl_s)
+        self.autorecovery.validate()
+        return self

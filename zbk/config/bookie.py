@@ -1,0 +1,117 @@
+"""``BookieConfig``: the bookie's identity and process keys at the top level, one section
+per component below them (zbk/config/sections.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from zbk import limits
+from zbk.config.autorecovery import AutoRecoveryConfig
+from zbk.config.checks import positive, tcp_port
+from zbk.config.sections import (
+    CurveConfig,
+    DiskConfig,
+    EntryLogConfig,
+    GcConfig,
+    HttpConfig,
+    IndexConfig,
+    JournalConfig,
+    RecoveryConfig,
+)
+from zbk.errors import ConfigError
+from zbk.osthread import allowed_cpus, can_pin, parse_cpu_list
+
+
+@dataclass(frozen=True, kw_only=True)
+class BookieConfig:
+    """Every key of API.md "Bookie configuration": identity, addresses, directories and
+    process-wide keys here; the rest in the section of the component it configures."""
+
+    bookie_id: str = ""  # default: "<bind_address>:<port>"
+    bind_address: str = "127.0.0.1"
+    port: int = 3181
+    metadata_uri: str = ""
+    data_dir: str = ""
+    # The directories are the bookie's identity as much as its id: the cookie records them.
+    journal_dirs: tuple[str, ...] = ()  # default: <data_dir>/journal
+    ledger_dirs: tuple[str, ...] = ()  # default: <data_dir>/ledgers
+    index_dirs: tuple[str, ...] = ()  # default: <data_dir>/index
+    rack: str = ""
+    auto_fix_cookie: bool = False
+    registration_ttl_s: int = limits.metadata_lease_ttl_s_default
+    max_frame_bytes: int = limits.frame_bytes_max_default
+    # The CPUs the actor threads (journal, entry logger, index, GC, Server) are confined to,
+    # as taskset -c takes them ("2", "0-1"); empty: wherever the kernel schedules them. One
+    # CPU saves the cross-CPU hand-overs of the GIL between them (docs/operations.md,
+    # "CPU affinity").
+    actor_cpus: str = ""
+
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    entry_log: EntryLogConfig = field(default_factory=EntryLogConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    gc: GcConfig = field(default_factory=GcConfig)
+    disk: DiskConfig = field(default_factory=DiskConfig)
+    autorecovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    curve: CurveConfig = field(default_factory=CurveConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+
+    def resolved(self) -> BookieConfig:
+        """Fill the defaults that derive from other keys (bookie id, directories)."""
+        changes: dict[str, Any] = {}
+        if not self.bookie_id:
+            changes["bookie_id"] = f"{self.bind_address}:{self.port}"
+        if self.data_dir:
+            for key, sub in (("journal_dirs", "journal"), ("ledger_dirs", "ledgers"), ("index_dirs", "index")):
+                if not getattr(self, key):
+                    changes[key] = (os.path.join(self.data_dir, sub),)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def validate(self) -> BookieConfig:
+        cfg = self.resolved()
+        if not cfg.journal_dirs or not cfg.ledger_dirs or not cfg.index_dirs:
+            raise ConfigError("data_dir (or journal_dirs, ledger_dirs and index_dirs) must be set")
+        if not cfg.metadata_uri:
+            raise ConfigError("metadata_uri must be set (sqlite:///path/meta.db or etcd://host:port/scope)")
+        tcp_port("port", cfg.port)
+        if ":" not in cfg.bookie_id:
+            raise ConfigError(f"bookie_id must be host:port, got {cfg.bookie_id!r}")
+        positive("registration_ttl_s", cfg.registration_ttl_s)
+        if not 1024 <= cfg.max_frame_bytes <= limits.frame_bytes_max_ceiling:
+            raise ConfigError(f"max_frame_bytes must be in [1024, {limits.frame_bytes_max_ceiling}]")
+        cfg.actor_cpu_set()
+        for section in (cfg.journal, cfg.entry_log, cfg.index, cfg.gc, cfg.disk, cfg.autorecovery, cfg.curve,
+                        cfg.http):
+            section.validate()
+        return cfg
+
+    def actor_cpu_set(self) -> frozenset[int]:
+        """``actor_cpus`` as a set (empty: not confined); ConfigError when it is not a CPU list
+        or names a CPU this process may not run on."""
+        try:
+            cpus = parse_cpu_list(self.actor_cpus)
+        except ValueError as e:
+            raise ConfigError(f"actor_cpus: {e}") from None
+        if cpus and not can_pin():
+            raise ConfigError("actor_cpus: this platform cannot confine threads to CPUs (Linux can); leave it empty")
+        allowed = allowed_cpus()
+        if cpus and allowed is not None and not cpus <= allowed:
+            raise ConfigError(f"actor_cpus: CPU(s) {sorted(cpus - allowed)} are not available to this process "
+                              f"(it may run on {sorted(allowed)})")
+        return cpus
+
+    def autorecovery_config(self, http_port: int) -> AutoRecoveryConfig:
+        """``autorecovery.enabled``: the settings of the auditor candidate and replicators
+        this bookie runs, its HTTP routes on ``http_port``. With CURVE they connect to the
+        other bookies with this bookie's key pair."""
+        curve = self.curve
+        server_key = curve.server_public_key_file
+        if curve.secret_key_file and not server_key and not curve.server_keys_dir:
+            server_key = curve.secret_key_file  # bookies share one key pair (its public half)
+        return AutoRecoveryConfig(
+            metadata_uri=self.metadata_uri, http_port=http_port, http_bind_address=self.http.bind_address,
+            lease_ttl_s=self.registration_ttl_s, admin_token=self.http.admin_token, autorecovery=self.autorecovery,
+            curve_secret_key_file=curve.secret_key_file, curve_server_public_key_file=server_key,
+            curve_server_keys_dir=curve.server_keys_dir).validate()

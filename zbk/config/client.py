@@ -1,0 +1,37 @@
+"""``ClientConfig``: every client's settings, also those of the auditor's and replicators'
+own connections. ``zbk.BookKeeper(uri, add_timeout_ms=...)`` takes any of them as a keyword."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zbk import limits
+from zbk.config.checks import positive
+from zbk.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    add_timeout_ms: int = limits.client_add_timeout_ms_default
+    read_timeout_ms: int = limits.client_read_timeout_ms_default
+    speculative_read_ms: int = limits.client_speculative_read_ms_default
+    pending_adds_max: int = limits.client_pending_adds_max
+    add_request_entries_max: int = limits.client_add_request_entries_default
+    ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
+    curve_server_keys_dir: str = ""  # per-bookie public keys: <host>_<port>.key, or server.key
+    curve_server_public_key_file: str = ""  # one public key for every bookie
+    curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
+
+    def validate(self) -> ClientConfig:
+        positive("add_timeout_ms", self.add_timeout_ms)
+        positive("read_timeout_ms", self.read_timeout_ms)
+        positive("speculative_read_ms", self.speculative_read_ms)
+        positive("pending_adds_max", self.pending_adds_max)
+        if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
+            raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
+        positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
+        server_key = bool(self.curve_server_public_key_file or self.curve_server_keys_dir)
+        if bool(self.curve_secret_key_file) != server_key:
+            raise ConfigError("CURVE: curve_secret_key_file goes with curve_server_public_key_file "
+                              "or curve_server_keys_dir")
+        return self
