@@ -3,6 +3,8 @@ against the bookie's own (zbk/bookie/boot.py), so that the two cannot drift apar
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 import random
 import shutil
@@ -31,6 +33,7 @@ from zbk.metadata.memory import MemoryMetadataStore
 from zbk.metadata.registry import LedgerStore
 from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire import messages as w
+from zbk.wire.status import Status
 
 ME = "b1:3181"
 
@@ -183,3 +186,73 @@ def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data:
     assert marks["simulation"] == marks["bookie"] == [(1, "limbo"), (2, "limbo"), (3, "unclean"), (6, "limbo")]
     if journal_write_data:
         assert all(states["bookie"][lid][5] for lid in (1, 2, 3, 4, 5)), "replay restored the journaled adds"
+
+
+def _server_state(server: Any) -> dict[str, Any]:
+    return {k: copy.deepcopy(v) for k, v in vars(server).items() if k not in ("reply", "outbox", "on_state_change")}
+
+
+def test_the_server_ticks_left_out_are_those_that_would_do_nothing(tmp_path: Path) -> None:
+    """BookieCores leaves out the Server's ticks while ``server_has_tick_work()`` is false,
+    on the premise that ServerCore.on_tick then sends nothing, answers nothing and changes
+    nothing. Checked at every such step of a run of adds, fences, explicit LACs, long polls
+    and checkpoints, with a tick now and one far later. And the ticks that remain keep the
+    Server's 50 ms grid: each comes a whole number of intervals after the one before (within
+    the 1 ms step the simulation advances by), and every long poll that expires is answered
+    at the first of them at or after its deadline."""
+    rng = random.Random(int(os.environ.get("ZBK_SEED", "23")))
+    sim = Sim(tmp_path, rng, set(), settings=BookieSettings(flush_interval_s=0.05), keep_delivered=False)
+    cores, server = sim.bookie, sim.server
+    expired: list[tuple[float, float, Any]] = []  # (deadline, answered at, response)
+    ticks: list[float] = []
+    real_tick = server.on_tick
+
+    def counted_tick(now: float) -> None:
+        ticks.append(now)
+        real_tick(now)
+
+    server.on_tick = counted_tick  # type: ignore[method-assign]
+
+    def add(lid: int, eid: int) -> Callable[[int], w.AddRequest]:
+        return lambda rid: w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
+                                        entries=[blob(lid, eid)])
+
+    def long_poll(timeout_ms: int) -> None:
+        deadline = sim.now + timeout_ms / 1000.0
+        # Ledger 3 has entries 0 and 1 only (its LAC is 0): a poll past 5 can only expire.
+        sim.send(lambda rid: w.ReadRequest(rid=rid, ledger_id=3, first_entry_id=6, flags=w.ReadFlag.LONG_POLL,
+                                           previous_lac=5, timeout_ms=timeout_ms),
+                 lambda resp: expired.append((deadline, sim.now, resp)))
+
+    checked = 0
+    for eid in range(2):
+        sim.send(add(3, eid), lambda resp: None)
+    for eid in range(40):
+        for lid in (1, 2):
+            sim.send(add(lid, eid), lambda resp: None)
+        if eid % 5 == 2:
+            long_poll(rng.randrange(1, 300))
+        if eid == 20:
+            sim.send(lambda rid: w.ReadRequest(rid=rid, ledger_id=2, first_entry_id=0, flags=w.ReadFlag.FENCE,
+                                               master_key=MK), lambda resp: None)
+            sim.send(lambda rid: w.WriteLacRequest(rid=rid, ledger_id=1, master_key=MK, lac=30), lambda resp: None)
+        for _ in range(rng.randrange(1, 120)):
+            sim.step()
+            if not cores.server_has_tick_work():
+                before, sent = _server_state(server), sum(map(len, cores.pipes.values()))
+                for now in (sim.now, sim.now + 3600.0):
+                    real_tick(now)
+                assert not sim.replies and sum(map(len, cores.pipes.values())) == sent
+                assert _server_state(server) == before
+                checked += 1
+    sim.settle()
+    assert checked > 100
+    interval = server.tick_interval_s
+    assert len(ticks) > 20
+    for before, at in itertools.pairwise(ticks):
+        k = max(1, round((at - before) / interval))
+        assert -1e-6 <= at - before - k * interval <= 0.001 + 1e-6, (before, at)
+    assert len(expired) == 8
+    for deadline, answered, resp in expired:
+        assert isinstance(resp, w.ReadResponse) and resp.status == Status.ENOENTRY and not resp.entries, resp
+        assert deadline - 1e-9 <= answered <= deadline + 0.05 + 0.001 + 1e-9, (answered, deadline)

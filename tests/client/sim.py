@@ -356,15 +356,26 @@ class BookieNode:
         self._kick()
 
     def _kick(self) -> None:
-        if self._step_handle is None and self.cores is not None and not self.paused and self.cores.busy():
+        """After the cores' state changed: the next step if something is ready, and an
+        earlier tick if the Server now has work for one (BookieCores skips its idle ticks)."""
+        cores = self._running_cores()
+        if cores is None:
+            return
+        if self._step_handle is None and cores.busy():
             self._step_handle = self.loop.call_soon(self._step)
+        if self._tick_handle is None or cores.server_tick_before(self._tick_handle.when()):
+            self._schedule_tick()
+
+    def _running_cores(self) -> BookieCores | None:
+        return None if self.paused else self.cores
 
     def _schedule_tick(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         self._tick_handle = None
-        if self.cores is not None and not self.paused:
-            self._tick_handle = self.loop.call_at(self.cores.next_tick_at(), self._tick)
+        cores = self._running_cores()
+        if cores is not None:
+            self._tick_handle = self.loop.call_at(cores.next_tick_at(), self._tick)
 
     def _tick(self) -> None:
         self._tick_handle = None
@@ -375,8 +386,7 @@ class BookieNode:
         except BaseException as e:
             self.loop.fail(e)
             raise
-        self._kick()
-        self._schedule_tick()
+        self._kick()  # arms the next tick too
 
     def _stop_cores(self, *, power_loss: bool) -> None:
         for handle in (self._step_handle, self._tick_handle):
@@ -480,7 +490,8 @@ class BookieNode:
             if not frames:
                 return
         self._routes[(ident, req.rid)] = reply
-        self.server.on_request(ident, frames, self.loop.time())
+        assert self.cores is not None
+        self.cores.request(ident, frames, self.loop.time())
         self._kick()
 
     def _forced(self, req: Any) -> Any | None:
@@ -574,8 +585,8 @@ class BookieNode:
         ident = b"sim:put_entry"
         self._routes[(ident, rid)] = answers.append
         req = w.AddRequest(rid=rid, ledger_id=ledger_id, master_key=key, flags=AddFlag(0), entries=[blob])
-        self.server.on_request(ident, [bytes(f) for f in encode(req)], self.loop.time())
         assert self.cores is not None
+        self.cores.request(ident, [bytes(f) for f in encode(req)], self.loop.time())
         for _ in range(10_000):
             if answers:
                 break

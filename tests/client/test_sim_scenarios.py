@@ -11,6 +11,7 @@ acknowledged entry is at or below the closed last entry and readable with its by
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import time
@@ -1046,6 +1047,56 @@ def test_same_seed_same_run() -> None:
         assert first.trace, "a schedule creates and closes a ledger at least"
         assert first.trace == second.trace, f"seed {s}"
         assert first.problems == second.problems == []
+
+
+def test_the_servers_ticks_keep_their_grid_while_idle_ones_are_left_out() -> None:
+    """The simulation leaves out the Server's ticks while they would do nothing. The ticks
+    that remain keep the Server's 50 ms grid (each a whole number of intervals after the one
+    before), through idle spells, adds and long polls; and a long poll reaching a bookie
+    that has been idle for a while is answered at the first tick at or after its
+    deadline, as if every tick ran."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        lh, log, ensemble = await written_ledger(c, 3, 3, 2)
+        await write_sequentially(lh, log, seed, 5)  # every bookie's LAC of this ledger is 3
+        other = await c.client("writer").create_ledger(3, 3, 2, password=PW)
+        other_log = WriteLog()
+        ticks: dict[str, list[float]] = {b.id: [] for b in ensemble}
+        for b in ensemble:
+            real_tick = b.server.on_tick
+
+            def counted(now: float, real: Callable[[float], None] = real_tick, mine: list[float] = ticks[b.id]) -> None:
+                mine.append(now)
+                real(now)
+
+            b.server.on_tick = counted
+        poller = sim.SimTransport(c, "poller")
+        rng = random.Random(seed)
+        loop = asyncio.get_running_loop()
+        for _ in range(8):
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            for _ in range(rng.randrange(0, 4)):
+                await other_log.append(other, payload(seed, other.next_entry_id))
+            await asyncio.sleep(rng.uniform(0.0, 1.0))
+            bookie = rng.choice(ensemble)
+            timeout_ms = rng.randrange(1, 400)
+            deadline = loop.time() + timeout_ms / 1000.0
+            resp = await poller.request(bookie.id, w.ReadRequest(
+                rid=poller.next_rid(), ledger_id=lh.ledger_id, first_entry_id=4, flags=w.ReadFlag.LONG_POLL,
+                previous_lac=3, timeout_ms=timeout_ms), timeout_s=5.0)
+            assert isinstance(resp, w.ReadResponse) and resp.status == Status.ENOENTRY and resp.lac == 3, resp
+            assert deadline - 1e-6 <= loop.time() <= deadline + 0.05 + 1e-6, (loop.time(), deadline)
+        await poller.close()
+        interval = ensemble[0].server.tick_interval_s
+        for bid, times in ticks.items():
+            assert len(times) > 2, bid
+            for before, at in itertools.pairwise(times):
+                k = max(1, round((at - before) / interval))
+                assert abs(at - before - k * interval) <= 1e-6, (bid, before, at)
+
+    sim.run(scenario())
 
 
 def test_virtual_time_is_free_and_deadlocks_are_reported() -> None:

@@ -10,8 +10,10 @@ like the inproc PUSH/PULL pipes, which hand the message object itself to the rec
 head of one ready pipe, picked by a seeded generator, so every interleaving the real loops
 allow can happen; after it the journal commits with probability 0.3 while it holds
 records (its loop commits whenever a drain ends, and the drain may end after any message).
-Ticks come from the caller's clock, at each core's own interval. Nothing reads the wall
-clock and no thread runs, so a run is a function of its seed (``ZBK_SEED`` replays one).
+Ticks come from the caller's clock, at each core's own interval; the Server's are left
+out while they would do nothing (:meth:`BookieCores.server_has_tick_work`). Nothing reads
+the wall clock and no thread runs, so a run is a function of its seed (``ZBK_SEED``
+replays one).
 
 Each message travels with a pickled snapshot taken at send: it is compared at delivery
 (and, with ``keep_delivered``, again when the test asks), so a core that changes a message
@@ -66,6 +68,7 @@ from __future__ import annotations
 import collections
 import errno
 import io
+import math
 import os
 import pickle
 import random
@@ -472,16 +475,57 @@ class BookieCores:
         """A message waits in a pipe, or the journal holds records to commit."""
         return bool(self.journal.pending) or any(self.pipes.values())
 
+    # -- ticks ------------------------------------------------------------------------------
+    # The Server ticks every 50 ms, and ServerCore.on_tick does two things only: send the
+    # index updates it holds, and answer the long polls whose deadline passed. With neither
+    # held nor waiting (``server_has_tick_work`` false) its tick changes nothing, so it is
+    # not scheduled: a run of such ticks is most of a run's events, and leaving them out
+    # changes no core's state. Its ticks keep their grid (its last tick + k * 50 ms):
+    # :meth:`_server_may_have_work` runs after every delivery and request (the only ways the
+    # Server gains work) and, if the Server now has work, moves its next tick to the first
+    # grid point not before now; every point passed over fell while it had none.
+    def server_has_tick_work(self) -> bool:
+        """Whether the Server's tick would do anything now (see above)."""
+        s = self.server
+        return bool(s.held_puts) or bool(s.polling)
+
+    def _server_may_have_work(self, now: float) -> None:
+        at = self.next_tick["server"]
+        if at < now and self.server_has_tick_work():
+            interval = self.server.tick_interval_s
+            assert interval
+            self.next_tick["server"] = at + math.ceil((now - at) / interval) * interval
+
+    def server_tick_before(self, when: float) -> bool:
+        """Whether the Server has tick work due before ``when`` (a driver that armed its
+        next tick for ``when`` arms it earlier then)."""
+        return self.next_tick["server"] < when and self.server_has_tick_work()
+
     def next_tick_at(self) -> float:
-        return min(self.next_tick.values())
+        """When the next tick is due (the Server's only while it has work: see above)."""
+        nt = self.next_tick
+        if "server" in nt and not self.server_has_tick_work():
+            return min(at for name, at in nt.items() if name != "server")
+        return min(nt.values())
 
     def tick(self, now: float) -> None:
-        """Every core whose tick is due ticks."""
+        """Every core whose tick is due ticks; the Server only if it has work (see above),
+        else its next tick moves to its next grid point after ``now``."""
         for name, at in self.next_tick.items():
             if now >= at:
                 core = self.cores[name]
+                interval = core.tick_interval_s
+                assert interval
+                if core is self.server and not self.server_has_tick_work():
+                    self.next_tick[name] = at + (math.floor((now - at) / interval) + 1) * interval
+                    continue
                 core.on_tick(now)
-                self.next_tick[name] = now + core.tick_interval_s
+                self.next_tick[name] = now + interval
+
+    def request(self, ident: bytes, frames: list[Any], now: float) -> None:
+        """A client's request reaches the Server."""
+        self.server.on_request(ident, frames, now)
+        self._server_may_have_work(now)
 
     def step(self, now: float) -> None:
         """Deliver the head of one ready pipe (picked by the generator); then the journal
@@ -496,6 +540,7 @@ class BookieCores:
             if self.before_delivery is not None:
                 self.before_delivery(key[1], msg)
             self.cores[key[1]].on_message(msg, now)
+            self._server_may_have_work(now)
         if self.journal.pending and self.rng.random() < COMMIT_PROBABILITY:
             self.journal.commit()
 
@@ -592,7 +637,7 @@ class Sim:
         """Send the request ``make(rid)`` now; ``on_reply`` gets its answer."""
         self.rid += 1
         self.waiting[self.rid] = on_reply
-        self.server.on_request(b"client", encode(make(self.rid)), self.now)
+        self.bookie.request(b"client", encode(make(self.rid)), self.now)
 
     def step(self) -> None:
         self.steps += 1
