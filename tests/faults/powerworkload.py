@@ -41,6 +41,7 @@ CLOSE_TIMEOUT_S = 30.0
 CREATE_RETRY_S = 0.5
 RECOVER_ATTEMPTS = 3
 RECOVER_TIMEOUT_S = 30.0
+RECOVER_RETRY_S = 1.0
 READ_SPAN = 200  # entries a reader reads below the LAC
 
 
@@ -232,10 +233,27 @@ async def recover_all(uri: str, recorder: HistoryRecorder, ledgers: Iterable[int
                     break
                 except (ZbkError, TimeoutError) as e:
                     log(f"recovery of ledger {lid}, attempt {attempt + 1}: {type(e).__name__}: {e}")
-                    await asyncio.sleep(1.0)
+                    if attempt + 1 < attempts:
+                        await asyncio.sleep(RECOVER_RETRY_S)
             else:
                 left.add(lid)
     return left
+
+
+async def read_all(uri: str, recorder: HistoryRecorder, ledgers: Iterable[int], process: str) -> dict[int, set[int]]:
+    """Read each of ``ledgers`` from its first entry to its last (closed) or its LAC, as
+    client ``process`` (recorded); returns the ids read. A read that fails raises."""
+    got: dict[int, set[int]] = {}
+    async with AsyncBookKeeper(uri, config=CLIENT) as bk:
+        client = RecordingClient(bk, recorder, process)
+        for lid in sorted(set(ledgers)):
+            rh = await client.open_ledger(lid, password=PASSWORD, recovery=False)
+            last = rh.handle.md.last_entry_id if rh.handle.is_closed else rh.handle.last_add_confirmed
+            got[lid] = set()
+            if last >= 0:
+                async for e in rh.read(0, last):
+                    got[lid].add(e.entry_id)
+    return got
 
 
 async def judge(uri: str, history_path: Path) -> tuple[History, FinalState, CheckResult]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ from zbk.wire.status import Status
 from .checker import CheckResult
 from .history import HistoryRecorder
 from .powercluster import PowerCluster
-from .powerworkload import CLIENT, PASSWORD, Writers, judge, payload, recover_all
+from .powerworkload import CLIENT, PASSWORD, Writers, judge, payload, read_all, recover_all
 from .recorded import RecordingClient
 
 # Test-scale files, so that a run rotates and trims journals and rolls entry logs, and
@@ -56,7 +57,7 @@ SEEDED_CUTS = 8
 
 
 @pytest.fixture
-def power_cluster(tmp_path: Path) -> Iterator[type[PowerCluster]]:
+def power_cluster(tmp_path: Path) -> Iterator[Callable[[int, dict[str, object]], PowerCluster]]:
     """``power_cluster(n, settings)``: n bookies on layers; all stopped and unmounted at teardown."""
     made: list[PowerCluster] = []
 
@@ -66,7 +67,7 @@ def power_cluster(tmp_path: Path) -> Iterator[type[PowerCluster]]:
         return c.start()
 
     try:
-        yield make  # type: ignore[misc]
+        yield make
     finally:
         errors = []
         for c in made:
@@ -76,6 +77,10 @@ def power_cluster(tmp_path: Path) -> Iterator[type[PowerCluster]]:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+def _stamp(t0: float, what: str) -> None:
+    print(f"[{time.monotonic() - t0:6.1f} s] {what}")
 
 
 def _report(result: CheckResult, history: Path, writers: Writers, cluster: PowerCluster) -> None:
@@ -94,6 +99,7 @@ def test_seeded_power_cuts_of_one_bookie_at_a_time_lose_nothing_acknowledged(pow
     path = tmp_path / "history.jsonl"
 
     async def run() -> tuple[Writers, CheckResult]:
+        t0 = time.monotonic()
         with HistoryRecorder(path) as rec:
             writers = Writers(cluster.uri, rng.randrange(1 << 30), rec, writers=3, ledgers_each=2,
                               ledger_entries=(300, 2500))
@@ -106,14 +112,18 @@ def test_seeded_power_cuts_of_one_bookie_at_a_time_lose_nothing_acknowledged(pow
                 before = writers.acks
                 # Cuts land before, during and after checkpoints, journal rotations and trims.
                 await asyncio.to_thread(cluster.cut, [victim], torn=rng.random() < 0.5, rng=rng)
-                print(f"cut {n}: {victim} after {before} acks")
+                _stamp(t0, f"cut {n}: {victim} after {before} acks")
                 await asyncio.sleep(rng.uniform(0.0, 2.0))  # down for a while: ensembles change
                 await asyncio.to_thread(cluster.restart, [victim])
+                _stamp(t0, f"{victim} is back")
             await asyncio.sleep(2.0)
             await writers.finish()
+            _stamp(t0, "writers finished")
             left = await recover_all(cluster.uri, rec, writers.acked)
             assert not left, f"ledgers that could not be recovered: {sorted(left)}\n{cluster.logs()}"
+            _stamp(t0, "every ledger closed")
         _, _, result = await judge(cluster.uri, path)
+        _stamp(t0, "judged")
         return writers, result
 
     writers, result = asyncio.run(run())
@@ -175,6 +185,7 @@ def test_a_bookie_without_journal_comes_back_in_limbo_and_never_denies_an_acknow
     closed_answers: dict[int, dict[str, list[int]]] = {}  # the same for the ledgers closed before it
 
     async def run() -> tuple[Writers, str, CheckResult]:
+        t0 = time.monotonic()
         with HistoryRecorder(path) as rec:
             closed: list[int] = []
             async with AsyncBookKeeper(cluster.uri, config=CLIENT) as bk:
@@ -191,10 +202,12 @@ def test_a_bookie_without_journal_comes_back_in_limbo_and_never_denies_an_acknow
             await writers.wait_acks(rng.randint(1500, 4000), timeout_s=60)
             victim = _most_used(writers.ensembles())
             await asyncio.to_thread(cluster.cut, [victim], torn=rng.random() < 0.5, rng=rng)
+            _stamp(t0, f"cut {victim} after {writers.acks} acks")
             # Phase one puts in limbo at least the open ledgers with the victim now, and at
             # most those with it once it is back (a writer may pick it again meanwhile).
             at_cut = await _open_with(cluster.uri, victim, writers.acked)
             await asyncio.to_thread(cluster.restart, [victim])
+            _stamp(t0, f"{victim} is back")
             after = await _open_with(cluster.uri, victim, writers.acked)
             limbo = cluster.limbo_ledgers(victim)
             assert at_cut and len(at_cut) <= limbo <= len(after), (sorted(at_cut), limbo, sorted(after))
@@ -212,14 +225,25 @@ def test_a_bookie_without_journal_comes_back_in_limbo_and_never_denies_an_acknow
                     assert marks.get(lid) == "unclean", f"closed ledger {lid} lacks entries, marks {marks}"
 
             await writers.finish()
-            # Phase two: autorecovery recovers each limbo ledger, refills the victim, clears limbo.
+            _stamp(t0, "writers finished")
+            # The client recovers the ledgers its writers gave up, and reads every entry back,
+            # while the victim is still in limbo: its EUNKNOWN answers are neither a copy nor
+            # a denial, so recovery and reads go to the other replicas.
+            left = await recover_all(cluster.uri, rec, writers.acked)
+            assert not left, f"ledgers that could not be recovered: {sorted(left)}\n{cluster.logs()}"
+            read = await read_all(cluster.uri, rec, [*closed, *writers.acked], "limbo-reader")
+            unread = {lid: sorted(set(eids) - read[lid])[:5] for lid, eids in writers.acked.items()}
+            assert not any(unread.values()), f"acknowledged entries not read back: {unread}"
+            assert cluster.limbo_ledgers(victim) == limbo, "limbo cleared before phase two"
+            _stamp(t0, "recovered and read back with the victim in limbo")
+            # Phase two: autorecovery refills the victim and clears its limbo.
             ar = cluster.start_autorecovery(lost_bookie_recovery_delay_s=60, lease_ttl_s=3)
             await asyncio.to_thread(wait_until, lambda: _repaired(cluster, victim), timeout_s=90, interval_s=0.3,
                                     message="phase two to repair every limbo ledger")
             assert ar.metric("zbk_replicator_limbo_ledgers_repaired_total") == limbo
-            left = await recover_all(cluster.uri, rec, writers.acked)
-            assert not left, f"ledgers that could not be recovered: {sorted(left)}\n{cluster.logs()}"
+            _stamp(t0, "phase two done")
         _, final, result = await judge(cluster.uri, path)
+        _stamp(t0, "judged")
         # The victim alone now serves every entry the closed ledgers assign to it.
         for lid in final.ledgers:
             md = await asyncio.to_thread(_metadata, cluster.uri, lid)
@@ -290,6 +314,7 @@ def _correlated_run(cluster: PowerCluster, path: Path, rng: random.Random, *, ac
     then every ledger is closed or recovered and the history judged."""
 
     async def run() -> tuple[Writers, tuple[str, ...], set[int], CheckResult]:
+        t0 = time.monotonic()
         with HistoryRecorder(path) as rec:
             writers = Writers(cluster.uri, rng.randrange(1 << 30), rec, writers=2, ledgers_each=2,
                               ledger_entries=(500, 3000))
@@ -300,11 +325,16 @@ def _correlated_run(cluster: PowerCluster, path: Path, rng: random.Random, *, ac
             # Right after a burst of acknowledgements: whatever was acknowledged and not yet
             # durable is in the volatile layers now.
             await asyncio.to_thread(cluster.cut, ensemble, torn=torn, rng=rng)
+            _stamp(t0, f"cut {', '.join(ensemble)} after {writers.acks} acks")
             await asyncio.to_thread(cluster.restart, ensemble)
+            _stamp(t0, "they are back")
             await asyncio.sleep(2.0)
             await writers.finish()
+            _stamp(t0, "writers finished")
             left = await recover_all(cluster.uri, rec, writers.acked, attempts=recover_attempts)
+            _stamp(t0, "recoveries done")
         _, _, result = await judge(cluster.uri, path)
+        _stamp(t0, "judged")
         return writers, ensemble, left, result
 
     return asyncio.run(run())
