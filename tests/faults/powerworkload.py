@@ -21,7 +21,7 @@ import functools
 import hashlib
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 from zbk.client.bookkeeper import AsyncBookKeeper
@@ -205,8 +205,8 @@ class Writers:
             await bk.close()
 
 
-async def _drain(it: object) -> None:
-    async for _ in it:  # type: ignore[attr-defined]
+async def _drain(it: AsyncIterator[object]) -> None:
+    async for _ in it:
         pass
 
 
