@@ -32,6 +32,7 @@ from zbk.errors import (
     BookieUnavailableError,
     LedgerFencedError,
     MetadataUnavailableError,
+    NoSuchEntryError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
     UnauthorizedError,
@@ -204,7 +205,7 @@ async def final_state(bk: AsyncBookKeeper, ledger_ids: Iterable[int], *, passwor
     state, last entry (its LAC if not closed) and the digest of every entry that reads.
     ``recover``: first open each ledger that is not closed with recovery (not recorded).
     A ledger without metadata is left out; an entry that fails FINAL_READ_ATTEMPTS reads in
-    a row is left out."""
+    a row, or that every replica says it does not have, is left out."""
     out = FinalState()
     for lid in sorted(set(ledger_ids)):
         try:
@@ -232,6 +233,8 @@ async def _read_back(rh: ReadHandle, last: int) -> dict[int, str]:
                 try:
                     got[nxt] = digest((await rh.read_entry(nxt)).payload)
                     break
+                except NoSuchEntryError:
+                    break  # every replica said it has no such entry: asking again tells nothing new
                 except ZbkError:
                     if attempt + 1 < FINAL_READ_ATTEMPTS:
                         await asyncio.sleep(FINAL_READ_RETRY_S)
