@@ -64,9 +64,9 @@ from zbk.client.digest import make_digest, master_key
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import OFFSET_BITS, RECORD_HEADER_BYTES, EntryLogWriter, make_location, scan_file
 from zbk.storage.gcstate import GcStateFile
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
+from zbk.storage.journal import JournalWriter, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import read_last_mark, write_last_mark
+from zbk.storage.markers import read_last_mark, write_last_mark, write_last_marks
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.entry import build_entry
@@ -404,7 +404,7 @@ def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -
     xdir = str(tmp_path / "index")
     cache = LedgerCache([xdir])
     out = ListOutbox()
-    core = IndexCore(cache, outbox=out, flush_interval_s=10.0, persist_mark=lambda mark: None)
+    core = IndexCore(cache, outbox=out, flush_interval_s=10.0, persist_marks=lambda marks: None)
     a, b, c, x = (make_location(1, 100), make_location(1, 200), make_location(2, 24), make_location(2, 48))
     core.on_message(IndexPut([7, 7], [0, 1], [a, b]), T0)
     core.on_message(LiveCheck(5, [(7, 0, a), (7, 1, x), (8, 0, a)]), T0)
@@ -418,7 +418,7 @@ def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -
     assert cache.get(7, 0) == new0 and cache.get(7, 1) == c and not cache.exists(8)
     start = out.take("entrylogger", StartCheckpoint)
     assert len(start) == 1 and out.take("gc", CompactionDurable) == []
-    core.on_message(Checkpoint(start[0].cp_id, (1, 0)), T0)
+    core.on_message(Checkpoint(start[0].cp_id, ((1, 0),)), T0)
     assert [msg.job for msg in out.take("gc", CompactionDurable)] == [5]
     assert LedgerCache([xdir]).get(7, 0) == new0, "CompactionDurable before the index was flushed"
     core.on_message(DeleteLogs(6, [3]), T0)
@@ -655,7 +655,7 @@ class Sim:
                          outbox=PipeOutbox(self.pipes, "gc"), list_ledger_ids=lambda: set(self.metadata),
                          state=self.state, suspect_below=self.logs.least_unflushed_log_id())
         index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.3,
-                          persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
+                          persist_marks=lambda marks: write_last_marks(xdir, marks, disk=DISK))
         self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": index,
                                       "entrylogger": EntryLoggerCore(self.logs,
                                                                      outbox=PipeOutbox(self.pipes, "entrylogger")),

@@ -24,9 +24,9 @@ from zbk.actors.messages import Checkpoint
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.index import PAGE_BYTES
-from zbk.storage.journal import JournalWriter, LogMark
+from zbk.storage.journal import JournalWriter
 from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import write_last_mark
+from zbk.storage.markers import write_last_marks
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
@@ -59,7 +59,7 @@ class Sim:
         self.jcore = JournalCore(self.journal, outbox=PipeOutbox(self.pipes, "journal"), sync_data=False,
                                  group_bytes_max=1 << 20, group_wait_s=0.002)
         self.index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.05,
-                               persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
+                               persist_marks=lambda marks: write_last_marks(xdir, marks, disk=DISK))
         self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": self.index,
                                       "entrylogger": EntryLoggerCore(self.logs,
                                                                      outbox=PipeOutbox(self.pipes, "entrylogger"))}
