@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from zbk import limits
 from zbk.storage import markers
+from zbk.storage.disk import REAL_DISK, Disk
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -91,13 +92,13 @@ def replay_journals(journal_dirs: Sequence[str], index_dir: str, logs: EntryLogW
 
 
 def checkpoint_after_replay(journals: Sequence[JournalWriter], index_dir: str, logs: EntryLogWriter,
-                            cache: LedgerCache) -> list[LogMark]:
+                            cache: LedgerCache, disk: Disk = REAL_DISK) -> list[LogMark]:
     """Make what replay rebuilt durable, persist every journal's mark at its end, and
     retire the segments before it. Returns the marks, in journal order."""
     logs.flush()
     cache.flush()
     marks = [j.sync(fsync=True) for j in journals]
-    markers.write_last_marks(index_dir, marks)
+    markers.write_last_marks(index_dir, marks, disk)
     for j, mark in zip(journals, marks, strict=True):
         j.delete_segments_before(mark)
     return marks
