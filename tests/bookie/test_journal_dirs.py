@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from zbk import limits
 from zbk.bookie.cookiecheck import added_journal_dirs, check_cookies
 from zbk.config import BookieConfig
-from zbk.errors import CookieMismatchError, ZbkError
+from zbk.errors import ConfigError, CookieMismatchError, ZbkError
 from zbk.metadata.registry import read_cookie as read_meta_cookie
 from zbk.metadata.uri import open_store
 from zbk.storage.cookie import read_cookie, write_cookie
@@ -41,6 +42,16 @@ def test_journal_dirs_may_only_be_appended() -> None:
         added_journal_dirs(["/a", "/b"], ["/a", "/c", "/b"])  # inserted, not appended: positions move
     with pytest.raises(CookieMismatchError, match="reordered"):
         added_journal_dirs(["/a"], ["/c", "/a"])
+
+
+def test_journal_dirs_are_distinct_and_bounded(tmp_path: Path) -> None:
+    base = dict(metadata_uri=f"sqlite:///{tmp_path}/meta.db", data_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="names a directory twice"):
+        BookieConfig(**base, journal_dirs=(f"{tmp_path}/j", f"{tmp_path}/x/../j")).validate()  # type: ignore[arg-type]
+    many = tuple(f"{tmp_path}/j{i}" for i in range(limits.journal_dirs_max + 1))
+    with pytest.raises(ConfigError, match=f"at most {limits.journal_dirs_max}"):
+        BookieConfig(**base, journal_dirs=many).validate()  # type: ignore[arg-type]
+    assert len(BookieConfig(**base, journal_dirs=many[:-1]).validate().journal_dirs) == limits.journal_dirs_max  # type: ignore[arg-type]
 
 
 def _cfg(tmp_path: Path, journals: list[str], **kw: Any) -> BookieConfig:
