@@ -7,6 +7,11 @@ reads zbk_journal_group_commit_entries from the bookie's /metrics, prints a tabl
 JSON line, and stops the bookie by PID.
 
     .venv/bin/python bench/bookie.py --seconds 10 --clients 1 --batch 100 --window 8
+
+``--journals N`` gives the bookie N journal directories (``journal_dirs``), all in the
+benchmark's temporary directory, hence on one disk: the figure then shows what parallel
+journal threads cost or gain on one device, not what journals on separate disks give.
+Each client's ledgers (``--ledgers``, consecutive ids) spread over the journals by id.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=8, help="requests in flight per client")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--ledgers", type=int, default=4, help="ledgers per client")
+    ap.add_argument("--journals", type=int, default=1,
+                    help="journal directories of the bookie (journal_dirs), all under one temporary directory")
     ap.add_argument("--set", action="append", default=[], help="bookie config override")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", metavar="FILE", help="run the bookie under py-spy, writing a raw (collapsed) profile")
@@ -105,6 +112,9 @@ def main() -> int:
     port, http_port = free_port(), free_port()
     argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", f"sqlite:///{root}/meta.db",
             "--data-dir", f"{root}/data", "--port", str(port), "--http-port", str(http_port)]
+    if args.journals > 1:
+        dirs = [f"{root}/data/journal"] + [f"{root}/journal-{i}" for i in range(1, args.journals)]
+        argv += ["--set", "journal_dirs=" + ",".join(dirs)]
     for s in args.set:
         argv += ["--set", s]
     if args.profile:
@@ -160,8 +170,9 @@ def main() -> int:
     def pct(p: float) -> float:
         return lats[min(len(lats) - 1, int(p * len(lats)))] * 1000 if lats else 0.0
 
-    report = {"adds_per_s": round(rate), "entries_acked": acked, "entry_bytes": args.size, "batch": args.batch,
-              "window": args.window, "clients": args.clients, "request_p50_ms": round(pct(0.50), 3),
+    report = {"adds_per_s": round(rate), "entries_acked": acked, "journals": args.journals, "entry_bytes": args.size,
+              "batch": args.batch, "window": args.window, "clients": args.clients,
+              "request_p50_ms": round(pct(0.50), 3),
               "request_p99_ms": round(pct(0.99), 3), "fsyncs": int(commits),
               "entries_per_fsync": round(entries / commits, 1) if commits else 0.0,
               "wall_s": round(elapsed, 1), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}

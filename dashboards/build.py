@@ -207,9 +207,9 @@ def journal_storage() -> dict[str, Any]:
                      f"sum by (instance) (rate(zbk_journal_group_commit_entries_count{{{BOOKIE}}}[{RATE}]))",
                      "{{instance}} mean"),
                *quantiles("zbk_journal_group_commit_entries", BOOKIE, by="instance", qs=(0.99,))]),
-        Panel("Journal queue depth", "Batches waiting for the next journal commit; a queue that keeps growing "
-              "means the disk cannot keep up.",
-              [Query(f"zbk_journal_queue_depth{{{BOOKIE}}}", "{{instance}}")]),
+        Panel("Journal queue depth", "Batches waiting for the next journal commit, per journal directory; a "
+              "queue that keeps growing means the disk cannot keep up.",
+              [Query(f"zbk_journal_queue_depth{{{BOOKIE}}}", "{{instance}} journal {{journal}}")]),
         Panel("Entry log writes", "Bytes appended to entry logs per second (entries, and compaction copies).",
               [Query(f"sum by (instance) (rate(zbk_entrylog_bytes_written_total{{{BOOKIE}}}[{RATE}]))",
                      "{{instance}}")], unit="Bps"),

@@ -69,6 +69,10 @@ def journal_reuse_files(segment_bytes_max: int) -> int:
     """How many retired journal segments a bookie keeps for reuse."""
     return max(journal_reuse_files_min, min(journal_reuse_files_max, journal_reuse_bytes // segment_bytes_max))
 
+# Journal directories of one bookie (journal_dirs): one JournalWriter thread each, and the
+# journal metrics' label values; more journals than disks only add threads.
+journal_dirs_max = 16
+
 # BookKeeper's journalMaxGroupWaitMSec: an add waits at most this long for its group's fsync.
 journal_group_wait_ms_default = 2
 journal_group_bytes_default = 512 * 1024  # BookKeeper's journalBufferedWritesThreshold: a full group syncs at once

@@ -396,7 +396,7 @@ def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -
     xdir = str(tmp_path / "index")
     cache = LedgerCache([xdir])
     out = ListOutbox()
-    core = IndexCore(cache, outbox=out, flush_interval_s=10.0, persist_mark=lambda mark: None)
+    core = IndexCore(cache, outbox=out, flush_interval_s=10.0, persist_marks=lambda marks: None)
     a, b, c, x = (make_location(1, 100), make_location(1, 200), make_location(2, 24), make_location(2, 48))
     core.on_message(IndexPut([7, 7], [0, 1], [a, b]), T0)
     core.on_message(LiveCheck(5, [(7, 0, a), (7, 1, x), (8, 0, a)]), T0)
@@ -410,7 +410,7 @@ def test_index_answers_live_checks_and_relocates_conditionally(tmp_path: Path) -
     assert cache.get(7, 0) == new0 and cache.get(7, 1) == c and not cache.exists(8)
     start = out.take("entrylogger", StartCheckpoint)
     assert len(start) == 1 and out.take("gc", CompactionDurable) == []
-    core.on_message(Checkpoint(start[0].cp_id, (1, 0)), T0)
+    core.on_message(Checkpoint(start[0].cp_id, ((1, 0),)), T0)
     assert [msg.job for msg in out.take("gc", CompactionDurable)] == [5]
     assert LedgerCache([xdir]).get(7, 0) == new0, "CompactionDurable before the index was flushed"
     core.on_message(DeleteLogs(6, [3]), T0)

@@ -28,7 +28,7 @@ def test_damaged_slot_is_an_error_result_not_a_crash(tmp_path: Path) -> None:
     idx.write_bytes(bytes(raw))
 
     out = ListOutbox()
-    core = IndexCore(LedgerCache([d]), outbox=out, flush_interval_s=60, persist_mark=lambda _m: None)
+    core = IndexCore(LedgerCache([d]), outbox=out, flush_interval_s=60, persist_marks=lambda _m: None)
     core.on_message(Lookup(ctx=1, ledger_id=1, first_entry_id=0, count=10, bytes_max=1 << 20), 0.0)
     (res,) = out.take("entrylogger", ReadLocations)
     assert len(res.locations) == 5 and res.error and res.ledger_known, res

@@ -76,7 +76,7 @@ def test_held_adds_are_bounded_beyond_which_they_are_refused(monkeypatch: Any) -
 def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(tmp_path: Path) -> None:
     cache = LedgerCache([str(tmp_path)], bytes_max=4 * PAGE_BYTES)
     out = ListOutbox()
-    core = IndexCore(cache, outbox=out, flush_interval_s=3600.0, persist_mark=lambda mark: None)
+    core = IndexCore(cache, outbox=out, flush_interval_s=3600.0, persist_marks=lambda marks: None)
     lid = 0
     # One new ledger with one entry = a new-page delta of one slot (LedgerCache, "New pages").
     per_ledger = DELTA_PAGE_BYTES + DELTA_SLOT_BYTES
@@ -88,6 +88,6 @@ def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(t
     assert len(out.take(dest="entrylogger", kind=StartCheckpoint)) == 1, "a checkpoint is already on its way"
     core.on_message(IndexPut([lid + 1], [0], [1]), 0.0)  # more puts while the checkpoint runs
     assert out.take(dest="server", kind=IndexPressure) == [], "sent once"
-    core.on_message(Checkpoint(core.cp_in_flight or 0, (0, 0)), 1.0)
+    core.on_message(Checkpoint(core.cp_in_flight or 0, ((0, 0),)), 1.0)
     assert [p.on for p in out.take(dest="server", kind=IndexPressure)] == [False]
     assert cache.dirty_bytes == 0 and core.pressure is False

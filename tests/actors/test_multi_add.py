@@ -168,7 +168,7 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     assert recs == list(zip(lids, eids, blobs, strict=True))
 
     cache = LedgerCache([str(tmp_path / "index")])
-    ic = IndexCore(cache, outbox=ListOutbox(), flush_interval_s=60, persist_mark=lambda mark: None)
+    ic = IndexCore(cache, outbox=ListOutbox(), flush_interval_s=60, persist_marks=lambda marks: None)
     ic.on_message(IndexPut(lids, eids, appended.locations), 0.0)
     assert [cache.get(lid, eid) for lid, eid in zip(lids, eids, strict=True)] == appended.locations
     logs.close()
@@ -241,7 +241,7 @@ def test_held_index_updates_go_out_before_anything_else_to_the_index_in_order():
                                                  entries=[blob(1, 3)])), 0.0)
     ab = out.take("entrylogger", AppendBatch)[0]
     core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [103]), 0.0)
-    core.on_message(CheckpointReady(1, (1, 500)), 0.0)
+    core.on_message(CheckpointReady(1, ((1, 500),)), 0.0)
     sent = out.take("index")
     assert [type(m) for m in sent] == [IndexPut, Checkpoint] and sent[0].locations == [103]
     core.on_tick(1.0)

@@ -28,7 +28,7 @@ def _setup(tmp_path: Path, held: dict[int, list[int]]) -> tuple[IndexCore, Entry
                 where[(lid, eid)] = loc = logs.append(lid, eid, _blob(lid, eid))
                 cache.put(lid, eid, loc)
     out = ListOutbox()
-    index = IndexCore(cache, outbox=out, flush_interval_s=60, persist_mark=lambda _m: None)
+    index = IndexCore(cache, outbox=out, flush_interval_s=60, persist_marks=lambda _m: None)
     el = EntryLoggerCore(logs, outbox=out)
     return index, el, out, where
 

@@ -93,7 +93,7 @@ from zbk.metadata.store import MetadataStore, iter_prefix
 from zbk.storage import markers
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import EntryLogWriter
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
+from zbk.storage.journal import JournalWriter, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.entry import build_entry, peek_entry_header
@@ -459,7 +459,7 @@ class BookieCores:
                                    group_wait_s=settings.group_wait_s)
         self.index = IndexCore(storage.cache, outbox=PipeOutbox(pipes, "index"),
                                flush_interval_s=settings.flush_interval_s,
-                               persist_mark=lambda mark: markers.write_last_mark(xdir, LogMark(*mark), disk=disk))
+                               persist_marks=lambda marks: markers.write_last_marks(xdir, marks, disk=disk))
         self.cores: dict[str, Core] = {
             "server": self.server, "journal": self.journal, "index": self.index,
             "entrylogger": EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"))}

@@ -1,6 +1,11 @@
 """EntryLogger actor: owns the entry log files. Appends batches and returns locations,
 serves reads by location, flushes logs for checkpoints, rotates per-ledger logs on
-WRITE_CLOSE (BP-32), reports usage to the garbage collector."""
+WRITE_CLOSE (BP-32), reports usage to the garbage collector.
+
+It is also where an add batch's records are handed to the journals: each ledger's to the
+journal of its ledger id (zbk/actors/journals.py), a batch of several journals' ledgers as
+one JournalAppend per journal. A checkpoint asks every journal for its mark and flushes the
+logs once it holds them all."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zbk.actors.base import Outbox
+from zbk.actors.journals import journal_index, journal_names, journals_touched, split_by_journal
 from zbk.actors.messages import (
     AppendBatch,
     Appended,
@@ -57,11 +63,16 @@ class _Compaction:
 class EntryLoggerCore:
     name = "entrylogger"
 
-    def __init__(self, logs: EntryLogWriter, *, outbox: Outbox, tick_interval_s: float = 1.0) -> None:
+    def __init__(self, logs: EntryLogWriter, *, outbox: Outbox, tick_interval_s: float = 1.0,
+                 journals: int = 1) -> None:
         self.logs = logs
         self.tick_interval_s: float | None = tick_interval_s
         self.outbox: Outbox = outbox
         self.compaction: _Compaction | None = None  # GC: at most one job at a time
+        self.journals = journals
+        self.journal_names = journal_names(journals)
+        # Checkpoint id -> the marks received so far, by journal index (see on_message, Mark).
+        self.marks: dict[int, dict[int, tuple[int, int]]] = {}
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, AppendBatch):
@@ -69,16 +80,24 @@ class EntryLoggerCore:
         elif isinstance(msg, ReadLocations):
             self._read(msg)
         elif isinstance(msg, StartCheckpoint):
-            self.outbox.send("journal", MarkRequest(msg.cp_id))
+            self.marks[msg.cp_id] = {}
+            for name in self.journal_names:
+                self.outbox.send(name, MarkRequest(msg.cp_id))
         elif isinstance(msg, Mark):
-            # Every entry whose journal record precedes the mark was appended before the
-            # record was sent: make those entries durable in the logs, then let the index go.
+            got = self.marks[msg.cp_id]
+            got[msg.journal] = msg.mark
+            if len(got) < self.journals:
+                return
+            del self.marks[msg.cp_id]
+            # Every entry whose journal record precedes its journal's mark was appended before
+            # the record was sent: make those entries durable in the logs, then let the index go.
             self.logs.flush()
-            self.outbox.send("server", CheckpointReady(msg.cp_id, msg.mark))
+            self.outbox.send("server", CheckpointReady(msg.cp_id, tuple(got[i] for i in range(self.journals))))
         elif isinstance(msg, ForceJournal):
             if msg.flush_logs:  # journal data off: the logs are where durability comes from
                 self.logs.flush()
-            self.outbox.send("journal", msg)
+            # Behind every earlier add record of the ledger: they all went to its journal.
+            self.outbox.send(self.journal_names[journal_index(msg.ledger_id, self.journals)], msg)
         elif isinstance(msg, WriteClose):
             self.logs.write_close(msg.ledger_id)
         elif isinstance(msg, (LogStatsRequest, DeleteLogs, CompactLog, CompactChunk, LiveResult)):
@@ -100,9 +119,26 @@ class EntryLoggerCore:
         # The journal record first: its write and fsync are the longest step of an add, and
         # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
-            self.outbox.send("journal", JournalAppend(msg.batch_id, lids, msg.entry_ids, msg.blobs))
+            self._to_journals(msg)
         self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, locations))
         m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
+
+    def _to_journals(self, msg: AppendBatch) -> None:
+        """The batch's ADD records, to the journal of each entry's ledger: one JournalAppend
+        per journal (the Server waits for as many Synced, zbk/actors/journals.py)."""
+        lids = msg.ledger_ids
+        touched = journals_touched(lids, self.journals)
+        if touched == 0:  # no entries (the wire admits none): no record, and no Synced expected
+            return
+        if touched == 1:  # an ADD_ENTRY, or ledgers of one journal
+            self.outbox.send(self.journal_names[journal_index(lids[0], self.journals)],
+                             JournalAppend(msg.batch_id, lids, msg.entry_ids, msg.blobs))
+            return
+        eids, blobs = msg.entry_ids, msg.blobs
+        for j, positions in split_by_journal(lids, self.journals):
+            self.outbox.send(self.journal_names[j], JournalAppend(msg.batch_id, [lids[i] for i in positions],
+                                                                  [eids[i] for i in positions],
+                                                                  [blobs[i] for i in positions]))
 
     def _read(self, msg: ReadLocations) -> None:
         batch = self.logs.read_entries(msg.ledger_id, msg.ids(), msg.locations, msg.bytes_max)

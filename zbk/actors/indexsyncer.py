@@ -2,9 +2,10 @@
 
 Maps (ledger, entry) to locations, flushes dirty pages lazily, and runs the checkpoint:
 every flush_interval (or when the cache is over its memory bound) it asks the EntryLogger to
-start one; when the Checkpoint message comes back (logs flushed up to a journal mark M, see
-zbk/actors/messages.py for the ordering argument) it flushes the index, persists lastMark =
-M, and lets the journal delete the segments before M.
+start one; when the Checkpoint message comes back (logs flushed up to a mark M of every
+journal, see zbk/actors/messages.py for the ordering argument) it flushes the index,
+persists lastMark = M (one mark per journal), and lets each journal delete its segments
+before its own mark.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbk.actors.base import Outbox
+from zbk.actors.journals import journal_names
 from zbk.actors.messages import (
     Checkpoint,
     CheckpointDone,
@@ -30,6 +32,7 @@ from zbk.actors.messages import (
     LocalLedgers,
     LocalLedgersRequest,
     Lookup,
+    Marks,
     ReadLocations,
     Relocate,
     Relocated,
@@ -48,11 +51,12 @@ class IndexCore:
     name = "index"
 
     def __init__(self, cache: LedgerCache, *, outbox: Outbox, flush_interval_s: float,
-                 persist_mark: Callable[[tuple[int, int]], None]) -> None:
+                 persist_marks: Callable[[Marks], None], journals: int = 1) -> None:
         self.cache = cache
         self.tick_interval_s: float | None = min(flush_interval_s, 1.0)
         self.flush_interval_s = flush_interval_s
-        self.persist_mark = persist_mark
+        self.persist_marks = persist_marks  # every journal's mark, in journal order
+        self.journal_names = journal_names(journals)
         self.outbox: Outbox = outbox
         self.cp_seq = 0
         self.cp_in_flight: int | None = None
@@ -156,9 +160,11 @@ class IndexCore:
 
     def _finish_checkpoint(self, msg: Checkpoint, now: float) -> None:
         written = self.cache.flush()
-        self.persist_mark(msg.mark)
-        self.outbox.send("journal", TrimJournal(msg.mark))
-        self.outbox.send("server", CheckpointDone(msg.cp_id, msg.mark, written))
+        assert len(msg.marks) == len(self.journal_names), "a checkpoint holds a mark of every journal"
+        self.persist_marks(msg.marks)
+        for name, mark in zip(self.journal_names, msg.marks, strict=True):
+            self.outbox.send(name, TrimJournal(mark))
+        self.outbox.send("server", CheckpointDone(msg.cp_id, msg.marks, written))
         m.CHECKPOINTS_TOTAL.inc()
         self.cp_in_flight = None
         self.last_cp_at = now

@@ -7,6 +7,9 @@ idle, a lone record is synced at once (no timer wait). While messages keep arriv
 faster than they can be drained, the drain stops and a commit happens as soon as the
 buffered bytes reach journal_buffered_writes_threshold_bytes or the oldest buffered record
 has waited journal_max_group_wait_ms.
+
+A bookie runs one of these per journal directory (zbk/actors/journals.py): each owns its
+writer and its group commit, and its metrics carry its index as the ``journal`` label.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 from typing import Any
 
 from zbk.actors.base import Outbox
+from zbk.actors.journals import journal_name
 from zbk.actors.messages import (
     ForceJournal,
     JournalAppend,
@@ -31,12 +35,17 @@ log = logging.getLogger(__name__)
 
 
 class JournalCore:
-    name = "journal"
     tick_interval_s: float | None = None
 
     def __init__(self, writer: JournalWriter, *, outbox: Outbox, sync_data: bool, group_bytes_max: int,
-                 group_wait_s: float) -> None:
+                 group_wait_s: float, index: int = 0, journals: int = 1) -> None:
+        self.name = journal_name(index, journals)
+        self.index = index
         self.writer = writer
+        label = str(index)
+        self.m_fsync_seconds = m.JOURNAL_FSYNC_SECONDS.labels(label)
+        self.m_group_entries = m.JOURNAL_GROUP_COMMIT_ENTRIES.labels(label)
+        self.m_queue_depth = m.JOURNAL_QUEUE_DEPTH.labels(label)
         self.sync_data = sync_data
         self.group_bytes_max = group_bytes_max
         self.group_wait_s = group_wait_s
@@ -60,20 +69,20 @@ class JournalCore:
         elif isinstance(msg, MarkRequest):
             # The mark must follow every record received so far: commit first.
             self.commit()
-            self.outbox.send("entrylogger", Mark(msg.cp_id, tuple(self.writer.mark)))  # type: ignore[arg-type]
+            self.outbox.send("entrylogger", Mark(msg.cp_id, tuple(self.writer.mark), self.index))  # type: ignore[arg-type]
         elif isinstance(msg, TrimJournal):
             retired = self.writer.delete_segments_before(LogMark(*msg.mark))
             if retired:
-                log.info("journal: retired %d segment(s) before checkpoint mark %s (%d kept for reuse)",
-                         len(retired), msg.mark, self.writer.free_segments)
+                log.info("%s: retired %d segment(s) before checkpoint mark %s (%d kept for reuse)",
+                         self.name, len(retired), msg.mark, self.writer.free_segments)
         else:
-            raise AssertionError(f"journal: unexpected message {msg!r}")
+            raise AssertionError(f"{self.name}: unexpected message {msg!r}")
 
     def _pend(self, batch_id: int, now: float) -> None:
         if not self.pending:
             self.oldest_pending_at = now
         self.pending.append(batch_id)
-        m.JOURNAL_QUEUE_DEPTH.set(len(self.pending))
+        self.m_queue_depth.set(len(self.pending))
 
     def must_commit_now(self, now: float) -> bool:
         """True when the drain should stop and commit even though more may be waiting."""
@@ -87,12 +96,12 @@ class JournalCore:
         """One write + one fsync for everything buffered; then acknowledge every batch."""
         if not self.pending and not self.writer.pending_bytes:
             return
-        with m.JOURNAL_FSYNC_SECONDS.time():
+        with self.m_fsync_seconds.time():
             self.writer.sync(fsync=self.sync_data)
-        m.JOURNAL_GROUP_COMMIT_ENTRIES.observe(self.pending_entries)
+        self.m_group_entries.observe(self.pending_entries)
         batches, self.pending, self.pending_entries = self.pending, [], 0
         self.oldest_pending_at = None
-        m.JOURNAL_QUEUE_DEPTH.set(0)
+        self.m_queue_depth.set(0)
         if batches:
             self.outbox.send("server", Synced(batches))
         # After the acknowledgement, not before: zeros for the next commits to write into.

@@ -16,6 +16,14 @@ Who sends what to whom, and why the order is safe:
     IndexSyncer (flushes index, persists lastMark) --TrimJournal--> JournalWriter
     GarbageCollector: see zbk/actors/gc.py ("Messages") for its flow and ordering argument.
 
+Several journals (``journal_dirs``, zbk/actors/journals.py): every record of a ledger goes
+to the journal of its ledger id. A batch whose ledgers belong to k journals becomes one
+JournalAppend (and one JournalMeta for its new ledgers' keys) per journal, each with the
+batch id, and the add waits for every one of their Synced. A checkpoint sends MarkRequest
+to every journal and waits for all their Marks; lastMark is one mark per journal, and each
+journal is trimmed at its own mark. The arguments below hold per journal: each speaks of
+the records of one journal and the mark that journal returned.
+
 1. Acknowledged implies readable: the Server replies to an add only after it has both the
    entry's location (Appended, from which it makes the IndexPut) and the journal's Synced.
    Every later read is a Lookup on the same Server->IndexSyncer pipe, behind the IndexPut:
@@ -23,22 +31,24 @@ Who sends what to whom, and why the order is safe:
    it holds before any other message to the IndexSyncer, so the pipe's order is the order
    in which they were made. At a clean stop, what the IndexSyncer did not read is applied
    before the last mark is written (Bookie.stop).
-2. Checkpoint safety: the mark M the journal returns follows every record it had received.
+2. Checkpoint safety: the mark M a journal returns follows every record it had received.
    Each ADD record was sent by the EntryLogger after the entry was appended, in the same
    step that sends the entry's Appended to the Server (the record goes first, so that the
    fsync starts sooner). CheckpointReady(M) is sent in a later step (handling Mark(M),
-   which the journal can only compute after receiving the record), on that same
-   EntryLogger->Server pipe, after the logs were fsynced; so the Server has already
+   which the journal can only compute after receiving the record; with several journals,
+   once the EntryLogger holds every journal's Mark), on that same EntryLogger->Server
+   pipe, after the logs were fsynced; so the Server has already
    forwarded every IndexPut of records before M when it forwards Checkpoint(M). Meta
    records (fence, master key...) are sent by the Server to the IndexSyncer (HeaderUpdate)
    before their journal record, hence before M was computed, hence before Checkpoint(M) on
    the same pipe. So when the IndexSyncer persists lastMark = M, everything before M is in
    fsynced logs and index.
 3. MULTI_ADD travels as one unit: the accepted parts of one request are one AppendBatch
-   (its ``ledger_ids`` name several ledgers), hence one Appended, one JournalAppend and one
-   IndexPut, on the same pipes and in the same steps as a one-ledger batch. Arguments 1
-   and 2 hold per entry exactly as before; the master-key records of the request's new
-   ledgers are one JournalMeta, sent (after their HeaderUpdates) before the AppendBatch.
+   (its ``ledger_ids`` name several ledgers), hence one Appended, one JournalAppend per
+   journal and one IndexPut, on the same pipes and in the same steps as a one-ledger batch.
+   Arguments 1 and 2 hold per entry exactly as before; the master-key records of the
+   request's new ledgers are one JournalMeta per journal, sent (after their HeaderUpdates)
+   before the AppendBatch.
 """
 
 from __future__ import annotations
@@ -90,10 +100,12 @@ class JournalMeta:
 @dataclass(slots=True)
 class ForceJournal:
     """FORCE_LEDGER: acknowledge once everything received so far is fsynced. Sent by the
-    Server through the EntryLogger, so it reaches the journal behind the records of every
-    earlier add; with journal data off the EntryLogger fsyncs its logs first."""
+    Server through the EntryLogger, so it reaches the ledger's journal behind the records of
+    every earlier add of the ledger; with journal data off the EntryLogger fsyncs its logs
+    first."""
 
     batch_id: int
+    ledger_id: int
     flush_logs: bool = False
 
 
@@ -197,29 +209,33 @@ class MarkRequest:
 class Mark:
     cp_id: int
     mark: tuple[int, int]
+    journal: int = 0  # the index of the journal whose mark this is
+
+
+Marks = tuple[tuple[int, int], ...]  # one (segment id, offset) per journal, in journal order
 
 
 @dataclass(slots=True)
 class CheckpointReady:
     cp_id: int
-    mark: tuple[int, int]
+    marks: Marks
 
 
 @dataclass(slots=True)
 class Checkpoint:
     cp_id: int
-    mark: tuple[int, int]
+    marks: Marks
 
 
 @dataclass(slots=True)
 class TrimJournal:
-    mark: tuple[int, int]
+    mark: tuple[int, int]  # the mark of the journal it is sent to
 
 
 @dataclass(slots=True)
 class CheckpointDone:
     cp_id: int
-    mark: tuple[int, int]
+    marks: Marks
     index_bytes: int = 0
 
 

@@ -38,7 +38,6 @@ from zbk.actors.messages import (
     ForceJournal,
     HeaderUpdate,
     IndexPressure,
-    JournalMeta,
     ListEntries,
     LiveCheck,
     LocalLedgersRequest,
@@ -112,7 +111,7 @@ class ServerCore(ServerAdds):
         self._to_index(HeaderUpdate(req.ledger_id, explicit_lac=state.lac))
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
-        self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.EXPLICIT_LAC), req.ledger_id, state.lac, b"")]))
+        self._journal_meta(batch, [(int(RecordType.EXPLICIT_LAC), req.ledger_id, state.lac, b"")])
 
     def _on_force(self, ident: bytes, req: w.ForceLedgerRequest, now: float) -> None:
         # FORCE_LEDGER carries no master key (it only waits for durability, changes nothing).
@@ -121,7 +120,7 @@ class ServerCore(ServerAdds):
             return
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
-        self.outbox.send("entrylogger", ForceJournal(batch, flush_logs=not self.journal_write_data))
+        self.outbox.send("entrylogger", ForceJournal(batch, req.ledger_id, flush_logs=not self.journal_write_data))
 
     def _on_write_close(self, ident: bytes, req: w.WriteCloseRequest, now: float) -> None:
         if self._known(ident, req, req.master_key) is None:
@@ -171,7 +170,7 @@ class ServerCore(ServerAdds):
         state.limbo = False
         self._to_index(HeaderUpdate(lid, limbo=False))
         # A LIMBO record with entry id 0 clears limbo at replay (1 sets it).
-        self.outbox.send("journal", JournalMeta(batch, [(int(RecordType.LIMBO), lid, 0, b"")]))
+        self._journal_meta(batch, [(int(RecordType.LIMBO), lid, 0, b"")])
         self._publish_counts()
 
     def _on_entry_list(self, msg: EntryList, now: float) -> None:
@@ -232,9 +231,9 @@ class ServerCore(ServerAdds):
         elif isinstance(msg, EntryList):
             self._on_entry_list(msg, now)
         elif isinstance(msg, CheckpointReady):
-            self._to_index(Checkpoint(msg.cp_id, msg.mark))
+            self._to_index(Checkpoint(msg.cp_id, msg.marks))
         elif isinstance(msg, CheckpointDone):
-            self.last_checkpoint = msg.mark
+            self.last_checkpoint = msg.marks
         elif isinstance(msg, SetReadOnly):
             self.set_forced_read_only(msg.read_only)
         elif isinstance(msg, StatusRequest):

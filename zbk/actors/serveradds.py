@@ -2,7 +2,7 @@
 
 An add is acknowledged only once it is indexed (so every later read finds it) and, with
 journal_write_data on, its journal records are fsynced (one Synced per journal message
-sent under its batch id).
+sent under its batch id: per journal its ledgers belong to, zbk/actors/journals.py).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from itertools import repeat
 from typing import Any
 
 from zbk import limits
+from zbk.actors.journals import journals_touched
 from zbk.actors.messages import (
     AppendBatch,
     Appended,
-    JournalMeta,
     Synced,
 )
 from zbk.actors.serverbase import PendingAdd, _blob_bytes, _observe_many
@@ -118,12 +118,13 @@ class ServerAdds(ServerReads):
             self._reply_multi(ident, req.rid, statuses)
             return
         batch = self._next()
+        syncs = journals_touched(lids, self.journals) if self.journal_write_data else 0
         if meta:  # the master keys of the request's new ledgers: durable before the ack
-            self.outbox.send("journal", JournalMeta(batch, meta))
+            syncs += self._journal_meta(batch, meta)
             need_sync = True
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
-                                      syncs=self._syncs(bool(meta)), parts=accepted, statuses=statuses)
+                                      syncs=syncs, parts=accepted, statuses=statuses)
         self.outbox.send("entrylogger", AppendBatch(batch, lids, eids, blobs, self.journal_write_data))
 
     # ADD_ENTRY ---------------------------------------------------------------------------
@@ -169,22 +170,19 @@ class ServerAdds(ServerReads):
         entry_ids, max_lac, need_sync = admitted
         lid = req.ledger_id
         batch = self._next()
+        syncs = int(self.journal_write_data)  # one ledger: one journal
         if meta:
             # The master key of a new ledger must be durable before its first add is acked.
             # It goes straight to the journal; the add's own records follow it through the
             # EntryLogger, and one commit covers everything received before it.
-            self.outbox.send("journal", JournalMeta(batch, meta))
+            syncs += self._journal_meta(batch, meta)
             need_sync = True
         nbytes = _blob_bytes(req)
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
-                                      syncs=self._syncs(bool(meta)))
+                                      syncs=syncs)
         self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids,
                                                   [bytes(b) for b in req.entries], self.journal_write_data))
-
-    def _syncs(self, meta: bool) -> int:
-        """How many Synced an add batch gets: one per journal message sent under its id."""
-        return int(meta) + int(self.journal_write_data)
 
     def _on_appended(self, msg: Appended, now: float) -> None:
         p = self.adds.get(msg.batch_id)

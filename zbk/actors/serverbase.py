@@ -18,10 +18,12 @@ from typing import Any
 
 from zbk import limits
 from zbk.actors.base import Outbox, Reply
+from zbk.actors.journals import journal_names, split_by_journal
 from zbk.actors.messages import (
     Appended,
     HeaderUpdate,
     IndexPut,
+    JournalMeta,
 )
 from zbk.metrics import bookie as m
 from zbk.storage.journal import RecordType
@@ -70,7 +72,8 @@ class PendingAdd:
     # Synced messages still to come for this batch id: a new ledger's master-key record
     # (JournalMeta, straight from the Server) and the entries' records (JournalAppend,
     # through the EntryLogger) are pended separately in the journal and may be committed by
-    # different group commits, so the ack waits for the Synced of each (2), not the first.
+    # different group commits, so the ack waits for the Synced of each (2), not the first;
+    # with several journals, one of each per journal the batch's ledgers belong to.
     syncs: int = 1
     failed: Status | None = None
     # MULTI_ADD (one PendingAdd for the whole request): the accepted parts as (part index,
@@ -101,8 +104,10 @@ class ServerBase:
                  reply: Reply, outbox: Outbox, read_only: bool = False, read_only_mode_enabled: bool = True,
                  on_state_change: Callable[[bool], None] | None = None, tick_interval_s: float = 0.05,
                  pending_requests_max: int = limits.server_pending_requests_max,
-                 pending_add_bytes_max: int = limits.server_pending_add_bytes_max) -> None:
+                 pending_add_bytes_max: int = limits.server_pending_add_bytes_max, journals: int = 1) -> None:
         self.ledgers = ledgers
+        self.journals = journals  # every ledger's records go to journal ledger_id % journals
+        self.journal_names = journal_names(journals)
         # Master keys by value, so that ledgers of one password share one bytes object: a
         # MULTI_ADD compares a key per part, and with thousands of ledgers a key object of
         # each ledger's own would be one more cold object to reach per entry.
@@ -133,7 +138,7 @@ class ServerBase:
         self.pending_add_bytes_max = pending_add_bytes_max
         self.long_polls = 0  # waiters over all ledgers
         self.add_bytes = 0  # entry bytes of the adds in self.adds
-        self.last_checkpoint: tuple[int, int] | None = None
+        self.last_checkpoint: tuple[tuple[int, int], ...] | None = None  # every journal's mark
         # Index updates of acknowledged adds not yet sent (see _hold_put): Appended messages
         # whose locations go to the IndexSyncer as one IndexPut with the next message to it.
         self.held_puts: list[Appended] = []
@@ -221,6 +226,18 @@ class ServerBase:
         self.send_held_puts()
         self.outbox.send("index", msg)
 
+
+    def _journal_meta(self, batch: int, records: list[tuple[int, int, int, bytes]]) -> int:
+        """Journal ``records`` (fence, master key, limbo, explicit LAC; never empty) under
+        ``batch``: one JournalMeta to each journal their ledgers belong to. Returns how many
+        were sent, which is how many Synced the batch gets for them."""
+        if self.journals == 1:
+            self.outbox.send(self.journal_names[0], JournalMeta(batch, records))
+            return 1
+        groups = split_by_journal([rec[1] for rec in records], self.journals)
+        for j, positions in groups:
+            self.outbox.send(self.journal_names[j], JournalMeta(batch, [records[i] for i in positions]))
+        return len(groups)
 
     def _refuse(self, ident: bytes, req: Any) -> None:
         """Answer ETOOMANYREQUESTS (every part of a MULTI_ADD) without doing anything."""

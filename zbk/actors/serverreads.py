@@ -13,7 +13,6 @@ from typing import Any
 from zbk import limits
 from zbk.actors.messages import (
     HeaderUpdate,
-    JournalMeta,
     Lookup,
     ReadResult,
     WriteClose,
@@ -45,7 +44,7 @@ class ServerReads(ServerBase):
         self._to_index(HeaderUpdate(lid, fenced=True))
         batch = self._next()
         self.meta_waiters[batch] = PendingRead(ident, req, now)
-        self.outbox.send("journal", JournalMeta(batch, records))
+        self._journal_meta(batch, records)  # one ledger: one journal, one Synced
         # A fenced ledger's per-ledger entry log can be rotated (BP-32).
         self.outbox.send("entrylogger", WriteClose(lid))
         return False

@@ -3,9 +3,11 @@
 Boot (ARCHITECTURE.md "Boot sequence", BP-46):
 1. Validate directories and cookies (local copies vs metadata). A mismatch refuses to
    start (exit code EXIT_COOKIE) unless auto_fix_cookie, which proceeds with phase one and
-   rewrites the cookies.
+   rewrites the cookies; added journal directories are an expansion that updates the
+   cookies (zbk/bookie/cookiecheck.py).
 2. Detect an unclean shutdown: the dirty marker is still present. Set it for this run.
-3. Replay the journal from the last mark into the entry logs and index, then checkpoint.
+3. Replay every journal from its last mark into the entry logs and index, then checkpoint
+   (zbk/bookie/replay.py).
 4. Phase one, if the cookie was fixed, or the shutdown was unclean while adds were not
    fsynced to the journal (journal_write_data or journal_sync_data off): every ledger that
    is not CLOSED and has this bookie in an ensemble becomes fenced and limbo, durably; every
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -33,22 +34,22 @@ import zmq
 from zbk import limits
 from zbk.actors.base import ActorLoop
 from zbk.actors.server import LedgerState, ServerCore
+from zbk.bookie.cookiecheck import all_dirs, check_cookies
+from zbk.bookie.replay import checkpoint_after_replay, replay_journals
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import EXIT_OK, CookieMismatchError, CorruptDataError
+from zbk.errors import EXIT_OK, CorruptDataError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
-from zbk.metadata.registry import get_or_create_instance_id
 from zbk.metadata.store import MetadataStore, iter_prefix
 from zbk.metadata.uri import open_store
 from zbk.metrics.http import AdminHttpServer
-from zbk.storage import cookie as cookies
 from zbk.storage import markers
 from zbk.storage.disk import makedirs_durable, raise_open_files_limit
 from zbk.storage.entrylog import EntryLogWriter
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, list_segments, replay
+from zbk.storage.journal import JournalWriter
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire.entry import peek_entry_header
 
@@ -85,12 +86,15 @@ class BookieBoot:
         self.boot_report: BootReport | None = None
         self._reg_lock = threading.Lock()
         self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zbk-registrar")
-        self.journal_dir = self.cfg.journal_dirs[0]
+        # One journal (writer and actor) per directory; a ledger's records go to journal
+        # ledger_id % len(journal_dirs) (zbk/actors/journals.py).
+        self.journal_dirs = list(self.cfg.journal_dirs)
+        self.journals: list[JournalWriter] = []
         self.index_dir = self.cfg.index_dirs[0]
 
     # -- boot ---------------------------------------------------------------------------------
     def _all_dirs(self) -> list[str]:
-        return list(dict.fromkeys([*self.cfg.journal_dirs, *self.cfg.ledger_dirs, *self.cfg.index_dirs]))
+        return all_dirs(self.cfg)
 
     def _index_files_open_max(self) -> int:
         """``index.files_open_max``, or fewer when the descriptor limit (raised to the hard
@@ -106,64 +110,10 @@ class BookieBoot:
             log.info("index: keeping up to %d index files open (open-files limit %d)", n, soft)
         return n
 
-    def _check_cookies(self) -> bool:
-        """Returns True when phase one is needed (cookie fixed, or brand-new directories);
-        raises on mismatch."""
-        cfg = self.cfg
-        instance_id = get_or_create_instance_id(self.store)
-        key = layout.cookie_key(cfg.bookie_id)
-        stored = self.store.get(key)
-        dirs = self._all_dirs()
-        local = {d: cookies.read_cookie(d) for d in dirs}
-        expected = cookies.Cookie(bookie_id=cfg.bookie_id, instance_id=instance_id,
-                                  journal_dirs=tuple(cfg.journal_dirs), ledger_dirs=tuple(cfg.ledger_dirs),
-                                  index_dirs=tuple(cfg.index_dirs),
-                                  incarnation=uuid.uuid4().hex)
-        if stored is None and all(c is None for c in local.values()):
-            # A brand-new bookie: write its identity everywhere. Phase one still runs: if
-            # ledgers name this id (its cookie was deleted from metadata and its disks
-            # replaced), answering "no such entry" for them could let recovery truncate
-            # acknowledged entries. For a truly new id it touches nothing.
-            self._write_cookies(expected, None, dirs)
-            return True
-        reasons: list[str] = []
-        meta_cookie = cookies.Cookie.decode(stored.value) if stored else None
-        if meta_cookie is None:
-            reasons.append("no cookie in metadata for this bookie id")
-        for d, c in local.items():
-            if c is None:
-                reasons.append(f"{d}: no cookie (empty or replaced disk?)")
-            elif meta_cookie is not None and not _same_identity(c, meta_cookie):
-                reasons.append(f"{d}: cookie differs from metadata")
-        if meta_cookie is not None and not _same_identity(meta_cookie, expected, check_incarnation=False):
-            reasons.append("configured directories or instance id differ from the cookie in metadata")
-        if not reasons:
-            return False
-        msg = "; ".join(reasons)
-        if not cfg.auto_fix_cookie:
-            raise CookieMismatchError(f"cookie validation failed for {cfg.bookie_id}: {msg} "
-                                      "(run `zbk shell cookie fix` or set auto_fix_cookie = true)")
-        log.warning("cookie validation failed (%s): auto_fix_cookie is on, fixing with phase one", msg)
-        self._write_cookies(expected, stored.version if stored else None, dirs)
-        return True
-
-    def _write_cookies(self, cookie: cookies.Cookie, version: int | None, dirs: list[str]) -> None:
-        data = cookie.encode()
-        for d in dirs:
-            cookies.write_cookie(d, cookie)
-        key = layout.cookie_key(self.cfg.bookie_id)
-        if version is None:
-            existing = self.store.get(key)
-            if existing is None:
-                self.store.create(key, data)
-                return
-            version = existing.version
-        self.store.cas(key, data, version)
-
     def boot(self) -> BootReport:
         for d in self._all_dirs():
             makedirs_durable(d)
-        cookie_fixed = self._check_cookies()
+        cookie_fixed = check_cookies(self.cfg, self.store)
         unclean = markers.was_dirty(self.index_dir)
         markers.mark_dirty(self.index_dir)
         el = self.cfg.entry_log
@@ -196,63 +146,16 @@ class BookieBoot:
         return self.boot_report
 
     def _replay(self, *, journal_replaced: bool = False) -> int:
-        start = markers.read_last_mark(self.index_dir)
-        if journal_replaced and start.offset > 0 and not list_segments(self.journal_dir):
-            # The journal disk was replaced (its cookie was missing and has been fixed): the
-            # records after the last checkpoint are gone. Phase one fences and limbos this
-            # bookie's open ledgers, and repair copies what it lacks from its peers (BP-46).
-            log.warning("journal %s is empty but the last mark is %s: journal disk replaced, starting a new "
-                        "journal (records after the last checkpoint are lost here)", self.journal_dir, tuple(start))
-            start = LogMark(0, 0)
-        n = 0
-        last = start
-        # Index updates of consecutive ADD records go in batches (LedgerCache.put_many),
-        # in journal order: before any other record is applied, and at most limits.replay_index_puts_max.
-        lids: list[int] = []
-        eids: list[int] = []
-        locs: list[int] = []
-
-        def put_pending() -> None:
-            if lids:
-                self.cache.put_many(lids, eids, locs)
-                lids.clear()
-                eids.clear()
-                locs.clear()
-
-        for rec, mark in replay(self.journal_dir, start):
-            n += 1
-            last = mark
-            t = rec.type
-            if t == RecordType.ADD:
-                lids.append(rec.ledger_id)
-                eids.append(rec.entry_id)
-                locs.append(self.logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-                if len(lids) >= limits.replay_index_puts_max:
-                    put_pending()
-                continue
-            put_pending()
-            if t == RecordType.FENCE:
-                self.cache.set_fenced(rec.ledger_id, True)
-            elif t == RecordType.MASTER_KEY:
-                self.cache.set_master_key(rec.ledger_id, rec.payload)
-            elif t == RecordType.LIMBO:
-                self.cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
-            elif t == RecordType.EXPLICIT_LAC:
-                self.cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, self.cache.get_explicit_lac(rec.ledger_id)))
-        put_pending()
+        """Replay every journal from its mark, open the journal writers, checkpoint
+        (zbk/bookie/replay.py)."""
+        n = replay_journals(self.journal_dirs, self.index_dir, self.logs, self.cache,
+                            journal_replaced=journal_replaced)
         jc = self.cfg.journal
-        self.journal = JournalWriter(
-            self.journal_dir, jc.segment_bytes,
-            preallocate_bytes=jc.preallocate_bytes,
-            reuse_files=limits.journal_reuse_files(jc.segment_bytes) if jc.reuse_files else 0)
+        self.journals = [JournalWriter(d, jc.segment_bytes, preallocate_bytes=jc.preallocate_bytes,
+                                       reuse_files=limits.journal_reuse_files(jc.segment_bytes) if jc.reuse_files else 0)
+                         for d in self.journal_dirs]
         # Checkpoint what replay rebuilt, so the replayed segments can go.
-        self.logs.flush()
-        self.cache.flush()
-        mark = self.journal.sync(fsync=True)
-        markers.write_last_mark(self.index_dir, mark)
-        self.journal.delete_segments_before(mark)
-        if n:
-            log.info("journal replay: %d records up to %s", n, tuple(last))
+        checkpoint_after_replay(self.journals, self.index_dir, self.logs, self.cache)
         return n
 
     def _phase_one(self) -> tuple[int, int]:
@@ -339,11 +242,4 @@ class BookieBoot:
             states[lid] = LedgerState(master_key=self.cache.get_master_key(lid), fenced=self.cache.is_fenced(lid),
                                       limbo=self.cache.is_limbo(lid), lac=lac, last_entry_id=last)
         return states
-
-
-def _same_identity(a: cookies.Cookie, b: cookies.Cookie, *, check_incarnation: bool = True) -> bool:
-    same = (a.bookie_id == b.bookie_id and a.instance_id == b.instance_id
-            and tuple(a.journal_dirs) == tuple(b.journal_dirs) and tuple(a.ledger_dirs) == tuple(b.ledger_dirs)
-            and tuple(a.index_dirs) == tuple(b.index_dirs))
-    return same and (not check_incarnation or a.incarnation == b.incarnation)
 

@@ -8,7 +8,10 @@ request is served; then:
 
 Exit codes (zbk/errors.py): EXIT_OK clean stop; EXIT_COOKIE cookie mismatch; EXIT_BOOT any
 other boot failure (corrupt journal, unreachable metadata...); EXIT_ACTOR_BASE + n when actor
-n of ACTORS crashed.
+n of ACTORS crashed (any of the journals: the journal's code).
+
+One JournalWriter actor runs per journal directory (zbk/actors/journals.py names them); the
+Server, the EntryLogger and the IndexSyncer each have a pipe to every one of them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import GcCore, GcSettings
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
+from zbk.actors.journals import journal_names, journal_of_actor
 from zbk.actors.loops import JournalLoop, ReplySocket, ServerLoop, disk_probe_for
 from zbk.actors.messages import HeaderUpdate, IndexPut
 from zbk.actors.server import ServerCore
@@ -40,7 +44,6 @@ from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_OK, CookieM
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
 from zbk.storage.gcstate import GcStateFile
-from zbk.storage.journal import LogMark
 from zbk.wire.curve import CurveServer
 
 __all__ = ["ACTORS", "Bookie", "BootReport", "run_bookie"]
@@ -66,32 +69,35 @@ class Bookie(BookieAdmin):
             return SocketOutbox(instance, sender, peers)
 
         replies = ReplySocket()
+        n = len(self.journals)
+        jnames = journal_names(n)
         self.server = ServerCore(ledgers=self._ledger_states(), journal_write_data=cfg.journal.write_data,
                                  max_frame_bytes=cfg.max_frame_bytes, reply=replies.reply,
-                                 outbox=outbox("server", ["entrylogger", "journal", "index"]),
+                                 outbox=outbox("server", ["entrylogger", *jnames, "index"]),
                                  read_only_mode_enabled=cfg.disk.read_only_mode_enabled,
-                                 on_state_change=self._on_state_change)
-        journal = JournalCore(self.journal, outbox=outbox("journal", ["server", "entrylogger"]),
-                              sync_data=cfg.journal.sync_data,
-                              group_bytes_max=cfg.journal.buffered_writes_threshold_bytes,
-                              group_wait_s=cfg.journal.group_wait_s)
-        entrylogger = EntryLoggerCore(self.logs, outbox=outbox("entrylogger", ["server", "journal", "gc"]))
-        index = IndexCore(self.cache, outbox=outbox("index", ["entrylogger", "journal", "server", "gc"]),
+                                 on_state_change=self._on_state_change, journals=n)
+        journals = [JournalCore(writer, outbox=outbox(name, ["server", "entrylogger"]),
+                                sync_data=cfg.journal.sync_data,
+                                group_bytes_max=cfg.journal.buffered_writes_threshold_bytes,
+                                group_wait_s=cfg.journal.group_wait_s, index=i, journals=n)
+                    for i, (name, writer) in enumerate(zip(jnames, self.journals, strict=True))]
+        entrylogger = EntryLoggerCore(self.logs, outbox=outbox("entrylogger", ["server", *jnames, "gc"]), journals=n)
+        index = IndexCore(self.cache, outbox=outbox("index", ["entrylogger", *jnames, "server", "gc"]),
                           flush_interval_s=cfg.index.flush_interval_s,
-                          persist_mark=lambda mark: markers.write_last_mark(self.index_dir, LogMark(*mark)))
+                          persist_marks=lambda marks: markers.write_last_marks(self.index_dir, marks), journals=n)
         common: dict[str, Any] = dict(ctx=self.ctx, instance=instance, clock=self.clock, on_crash=self._on_crash,
                                       stop=self.stop_event, cpus=cfg.actor_cpu_set())
         # senders: who sends to this actor (one PULL each); to whom it sends: its outbox's peers.
         self.index_actor = ActorLoop(core=index, senders=["server", "entrylogger", "gc"], **common)
         self.index_actor.keep_inbound = True  # drained by stop(): see there
         self.loops = [
-            JournalLoop(core=journal, senders=["server", "entrylogger", "index"], **common),
-            ActorLoop(core=entrylogger, senders=["server", "index", "journal", "gc"], **common),
+            *(JournalLoop(core=journal, senders=["server", "entrylogger", "index"], **common) for journal in journals),
+            ActorLoop(core=entrylogger, senders=["server", "index", *jnames, "gc"], **common),
             self.index_actor,
             ActorLoop(core=self._make_gc(outbox("gc", ["server", "entrylogger", "index"])),
                       senders=["entrylogger", "index", "admin"], **common),
         ]
-        self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", "journal", "index", "admin", "gc"],
+        self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", *jnames, "index", "admin", "gc"],
                                       replies=replies, endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
                                       curve=CurveServer.from_config(cfg.curve),
                                       max_frame_bytes=cfg.max_frame_bytes,
@@ -149,7 +155,8 @@ class Bookie(BookieAdmin):
     def _on_crash(self, name: str, exc: BaseException) -> None:
         if self.crashed is None:
             self.crashed = name
-            self.exit_code = EXIT_ACTOR_BASE + ACTORS.index(name) if name in ACTORS else EXIT_ACTOR_BASE + 9
+            kind = "journal" if journal_of_actor(name) is not None else name
+            self.exit_code = EXIT_ACTOR_BASE + ACTORS.index(kind) if kind in ACTORS else EXIT_ACTOR_BASE + 9
         self.stop_event.set()
 
     def wait(self) -> int:
@@ -193,12 +200,14 @@ class Bookie(BookieAdmin):
                           where.rstrip())
             log.error("an actor did not stop: dirty marker left set")
             return
-        self.journal.sync(fsync=True)
+        for journal in self.journals:
+            journal.sync(fsync=True)
         self.logs.flush()
         self.cache.flush()
-        markers.write_last_mark(self.index_dir, self.journal.mark)
+        markers.write_last_marks(self.index_dir, [journal.mark for journal in self.journals])
         self.logs.close()
-        self.journal.close()
+        for journal in self.journals:
+            journal.close()
         markers.clear_dirty(self.index_dir)
         if self.ctx is not None:
             self.ctx.destroy(0)

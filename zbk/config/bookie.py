@@ -73,6 +73,11 @@ class BookieConfig:
         cfg = self.resolved()
         if not cfg.journal_dirs or not cfg.ledger_dirs or not cfg.index_dirs:
             raise ConfigError("data_dir (or journal_dirs, ledger_dirs and index_dirs) must be set")
+        # One journal writer per directory: two on one directory would write the same segments.
+        if len(set(map(os.path.normpath, cfg.journal_dirs))) != len(cfg.journal_dirs):
+            raise ConfigError(f"journal_dirs names a directory twice: {list(cfg.journal_dirs)}")
+        if len(cfg.journal_dirs) > limits.journal_dirs_max:
+            raise ConfigError(f"journal_dirs: at most {limits.journal_dirs_max} directories, got {len(cfg.journal_dirs)}")
         if not cfg.metadata_uri:
             raise ConfigError("metadata_uri must be set (sqlite:///path/meta.db or etcd://host:port/scope)")
         tcp_port("port", cfg.port)

@@ -1,5 +1,5 @@
-"""Bookie metrics (API.md "Metrics"). Labels are bounded: op and status names only, never
-ledger ids or connections."""
+"""Bookie metrics (API.md "Metrics"). Labels are bounded: op and status names and journal
+indexes only, never ledger ids or connections."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ READ_ENTRY_SECONDS = Histogram(
 REQUESTS_TOTAL = Counter("zbk_bookie_requests_total", "Requests answered, by operation and status", ["op", "status"])
 ENTRIES_ADDED_TOTAL = Counter("zbk_bookie_entries_added_total", "Entries acknowledged by this bookie")
 BAD_FRAMES_TOTAL = Counter("zbk_bookie_bad_frames_total", "Frames that could not be decoded", ["action"])
+# Label journal: the journal's index in journal_dirs ("0" with one journal directory).
 JOURNAL_FSYNC_SECONDS = Histogram("zbk_journal_fsync_seconds", "Journal group commit: write + fsync time",
-                                  buckets=LATENCY_BUCKETS)
+                                  ["journal"], buckets=LATENCY_BUCKETS)
 JOURNAL_GROUP_COMMIT_ENTRIES = Histogram("zbk_journal_group_commit_entries", "Entries made durable per journal fsync",
-                                         buckets=GROUP_BUCKETS)
-JOURNAL_QUEUE_DEPTH = Gauge("zbk_journal_queue_depth", "Batches waiting for the next journal commit")
+                                         ["journal"], buckets=GROUP_BUCKETS)
+JOURNAL_QUEUE_DEPTH = Gauge("zbk_journal_queue_depth", "Batches waiting for the next journal commit", ["journal"])
 ENTRYLOG_BYTES_WRITTEN = Counter("zbk_entrylog_bytes_written_total", "Bytes appended to entry logs")
 LEDGERS = Gauge("zbk_bookie_ledgers", "Ledgers this bookie holds")
 LIMBO_LEDGERS = Gauge("zbk_bookie_limbo_ledgers", "Ledgers in limbo (BP-46) on this bookie")

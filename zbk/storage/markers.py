@@ -1,4 +1,4 @@
-"""Small durable markers kept in every index directory: the dirty marker and the last mark.
+"""Small durable markers kept in every index directory: the dirty marker and the last marks.
 
 Dirty marker ``<index dir>/DIRTY``
     Created (durably) when the bookie starts and removed (durably) at a clean shutdown. If
@@ -19,6 +19,14 @@ Last mark ``<index dir>/lastMark`` (format version 1, 32 bytes, replaced atomica
     leaves one of them one checkpoint behind, which only means replaying a little more).
     No file anywhere means "replay everything" (``LogMark(0, 0)``); a damaged file is
     :class:`CorruptDataError`, because guessing a mark could skip acknowledged records.
+
+One last mark per journal (several ``journal_dirs``, as BookKeeper keeps a lastMark per
+journal): journal 0's is ``lastMark``, journal i's (i >= 1) ``lastMark.<i>``, each in the
+format above. A checkpoint writes every journal's mark; each journal replays from its own.
+A crash between two of them leaves one journal's mark a checkpoint behind, which again
+only means replaying a little more of that journal. So a bookie that had one journal
+keeps its ``lastMark``, and a journal added later has no file yet: it replays from its
+start, which is where its records begin.
 """
 
 from __future__ import annotations
@@ -85,19 +93,34 @@ def decode_mark(data: bytes, path: str) -> LogMark:
     return LogMark(segment_id, offset)
 
 
-def write_last_mark(dirs: str | Sequence[str], mark: LogMark, disk: Disk = REAL_DISK) -> None:
-    """Persist ``mark`` atomically in every directory (checkpoint step three)."""
+def last_mark_file(journal: int = 0) -> str:
+    """The name of journal ``journal``'s last mark file."""
+    assert journal >= 0, journal
+    return LAST_MARK_FILE if journal == 0 else f"{LAST_MARK_FILE}.{journal}"
+
+
+def write_last_mark(dirs: str | Sequence[str], mark: LogMark, disk: Disk = REAL_DISK, *, journal: int = 0) -> None:
+    """Persist journal ``journal``'s ``mark`` atomically in every directory (checkpoint step three)."""
     data = encode_mark(mark)
+    name = last_mark_file(journal)
     for d in _dirs(dirs):
         os.makedirs(d, exist_ok=True)
-        disk.write_file_atomic(os.path.join(d, LAST_MARK_FILE), data)
+        disk.write_file_atomic(os.path.join(d, name), data)
 
 
-def read_last_mark(dirs: str | Sequence[str]) -> LogMark:
-    """The greatest persisted mark; ``LogMark(0, 0)`` when none was ever written."""
+def write_last_marks(dirs: str | Sequence[str], marks: Sequence[LogMark | tuple[int, int]],
+                     disk: Disk = REAL_DISK) -> None:
+    """Persist the mark of every journal (``marks[i]`` is journal i's)."""
+    for journal, mark in enumerate(marks):
+        write_last_mark(dirs, LogMark(*mark), disk, journal=journal)
+
+
+def read_last_mark(dirs: str | Sequence[str], *, journal: int = 0) -> LogMark:
+    """Journal ``journal``'s greatest persisted mark; ``LogMark(0, 0)`` when none was ever written."""
     best = START
+    name = last_mark_file(journal)
     for d in _dirs(dirs):
-        path = os.path.join(d, LAST_MARK_FILE)
+        path = os.path.join(d, name)
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -105,3 +128,8 @@ def read_last_mark(dirs: str | Sequence[str]) -> LogMark:
             continue
         best = max(best, decode_mark(data, path))
     return best
+
+
+def read_last_marks(dirs: str | Sequence[str], journals: int) -> list[LogMark]:
+    """The last mark of each of ``journals`` journals, in journal order."""
+    return [read_last_mark(dirs, journal=j) for j in range(journals)]

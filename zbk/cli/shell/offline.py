@@ -28,6 +28,9 @@ class BookieDirs:
     index: list[str] = field(default_factory=list)
     cookie_found_in: str = ""  # a directory holding the bookie's cookie ("" if none)
     missing: list[str] = field(default_factory=list)  # directories the cookie names that are not here
+    # The journal directories in journal order (journal i is the i-th: its ledgers and its
+    # last mark are found by that position): the cookie's, else DIR/journal.
+    journals: list[str] = field(default_factory=list)
 
     def all(self) -> list[str]:
         return list(dict.fromkeys([*self.journal, *self.ledgers, *self.index]))
@@ -45,7 +48,7 @@ def bookie_dirs(data_dir: str) -> BookieDirs:
         raise BadRequestError(f"--data-dir {data_dir}: no such directory")
     base = os.path.abspath(data_dir)
     dirs = BookieDirs([os.path.join(base, SUBDIRS["journal"])], [os.path.join(base, SUBDIRS["ledgers"])],
-                      [os.path.join(base, SUBDIRS["index"])])
+                      [os.path.join(base, SUBDIRS["index"])], journals=[os.path.join(base, SUBDIRS["journal"])])
     for d in [*dirs.all(), base]:
         try:
             cookie = read_cookie(d) if os.path.isdir(d) else None
@@ -54,6 +57,7 @@ def bookie_dirs(data_dir: str) -> BookieDirs:
         if cookie is None:
             continue
         dirs.cookie_found_in = d
+        dirs.journals = [os.path.abspath(x) for x in cookie.journal_dirs]
         for have, named in ((dirs.journal, cookie.journal_dirs), (dirs.ledgers, cookie.ledger_dirs),
                             (dirs.index, cookie.index_dirs)):
             for extra in (os.path.abspath(x) for x in named):
@@ -71,21 +75,23 @@ def _existing(paths: list[str]) -> list[str]:
     return [p for p in paths if os.path.isdir(p)]
 
 
-@command("readjournal", group=GROUP, summary="the journal records after the last mark", usage="--data-dir DIR",
-         example="zbk shell readjournal --data-dir /var/zbk/bookie-1", needs="data_dir")
+@command("readjournal", group=GROUP, summary="the journal records after the last mark, of every journal",
+         usage="--data-dir DIR", example="zbk shell readjournal --data-dir /var/zbk/bookie-1", needs="data_dir")
 def _readjournal(args: argparse.Namespace) -> None:
     from zbk.storage.journal import replay
     from zbk.storage.markers import read_last_mark
 
     dirs = bookie_dirs(args.data_dir)
-    mark = read_last_mark(dirs.index)
     found = []
-    journal = next(iter(_existing(dirs.journal)), dirs.journal[0])  # a bookie journals into its first one
-    for rec, m in replay(journal, mark):
-        found.append({"type": rec.type.name, "ledger_id": rec.ledger_id, "entry_id": rec.entry_id,
-                      "bytes": len(rec.payload), "mark": list(m)})
-    out(args, found, lambda rs: rows(["type", "ledger", "entry", "bytes", "mark"],
-                                     [[r["type"], r["ledger_id"], r["entry_id"], r["bytes"], r["mark"]] for r in rs]))
+    for j, journal in enumerate(dirs.journals):  # each from its own last mark
+        if not os.path.isdir(journal):
+            continue
+        for rec, m in replay(journal, read_last_mark(dirs.index, journal=j)):
+            found.append({"journal": j, "type": rec.type.name, "ledger_id": rec.ledger_id, "entry_id": rec.entry_id,
+                          "bytes": len(rec.payload), "mark": list(m)})
+    out(args, found, lambda rs: rows(["journal", "type", "ledger", "entry", "bytes", "mark"],
+                                     [[r["journal"], r["type"], r["ledger_id"], r["entry_id"], r["bytes"], r["mark"]]
+                                      for r in rs]))
 
 
 def _readlog_args(p: argparse.ArgumentParser) -> None:
@@ -109,13 +115,24 @@ def _readlog(args: argparse.Namespace) -> None:
                                      [[r["ledger_id"], r["entry_id"], r["location"], r["bytes"]] for r in rs]))
 
 
-@command("lastmark", group=GROUP, summary="the last checkpointed journal mark", usage="--data-dir DIR",
+@command("lastmark", group=GROUP, summary="the last checkpointed mark of every journal", usage="--data-dir DIR",
          example="zbk shell lastmark --data-dir /var/zbk/bookie-1", needs="data_dir")
 def _lastmark(args: argparse.Namespace) -> None:
-    from zbk.storage.markers import read_last_mark
+    from zbk.storage.markers import read_last_marks
 
-    mark = read_last_mark(bookie_dirs(args.data_dir).index)
-    out(args, {"segment_id": mark.segment_id, "offset": mark.offset}, lambda d: f"{d['segment_id']}:{d['offset']}")
+    dirs = bookie_dirs(args.data_dir)
+    marks = read_last_marks(dirs.index, len(dirs.journals))
+    every = [{"journal": j, "dir": d, "segment_id": m.segment_id, "offset": m.offset}
+             for j, (d, m) in enumerate(zip(dirs.journals, marks, strict=True))]
+    # segment_id and offset: journal 0's (the only one of a bookie with one journal directory).
+    doc = {"segment_id": marks[0].segment_id, "offset": marks[0].offset, "journals": every}
+
+    def text(d: dict[str, Any]) -> str:
+        if len(d["journals"]) == 1:
+            return f"{d['segment_id']}:{d['offset']}"
+        return "\n".join(f"journal {j['journal']} {j['dir']}: {j['segment_id']}:{j['offset']}" for j in d["journals"])
+
+    out(args, doc, text)
 
 
 def _listfiles_args(p: argparse.ArgumentParser) -> None:
