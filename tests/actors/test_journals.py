@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.actorsim import MK, PipeOutbox, blob
+from helpers.actorsim import unchanged as _unchanged
 
 from zbk.actors.base import ListOutbox
 from zbk.actors.entrylogger import EntryLoggerCore
@@ -42,6 +44,7 @@ from zbk.actors.messages import (
 )
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.bookie.replay import checkpoint_after_replay, replay_journals
+from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
@@ -50,7 +53,17 @@ from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
 
-from .test_gc import DISK, MK, T0, PipeOutbox, _unchanged, blob
+T0 = 1000.0
+
+
+class PageCacheDisk(RealDisk):
+    """kill -9 keeps the page cache: the simulation needs the writes, not the fsyncs."""
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+
+DISK = PageCacheDisk()
 
 # -- 1. the assignment ---------------------------------------------------------------------
 
