@@ -222,6 +222,7 @@ class ClientConfig:
     pending_adds_max: int = limits.client_pending_adds_max
     add_request_entries_max: int = limits.client_add_request_entries_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
+    heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
     curve_server_keys_dir: str = ""  # per-bookie public keys: <host>_<port>.key, or server.key
     curve_server_public_key_file: str = ""  # one public key for every bookie
     curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
@@ -234,6 +235,8 @@ class ClientConfig:
         if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
             raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
         _positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
+        if not 0 <= self.heartbeat_timeout_ms <= limits.client_heartbeat_timeout_ms_max:
+            raise ConfigError(f"heartbeat_timeout_ms must be in [0, {limits.client_heartbeat_timeout_ms_max}]")
         server_key = bool(self.curve_server_public_key_file or self.curve_server_keys_dir)
         if bool(self.curve_secret_key_file) != server_key:
             raise ConfigError("CURVE: curve_secret_key_file goes with curve_server_public_key_file "

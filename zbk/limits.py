@@ -86,6 +86,12 @@ client_pending_adds_max = 100_000
 # flight per bookie: the bookie stores one while the client builds the next (issue #8).
 client_add_request_entries_default = 500
 client_ensemble_change_attempts_max = 10
+# A bookie that stays silent this long (a partition, a paused process) counts as failed: its
+# connection is closed and the writers on it change ensembles (ZMTP heartbeats, transport.py).
+# A bookie's libzmq I/O thread answers heartbeats whatever its Python threads are doing, so
+# only a stopped process or a cut network goes this long without answering. 0: no heartbeats.
+client_heartbeat_timeout_ms_default = 2_000
+client_heartbeat_timeout_ms_max = 600_000  # ZMQ_HEARTBEAT_TTL holds at most 6,553.5 s
 
 # Latency histogram buckets (bookie and client), 100 us to 10 s: an fsync-bound add on SSD is
 # ~0.2-5 ms. Here, not in zbk.metrics.bookie, so that a client process does not create (and
