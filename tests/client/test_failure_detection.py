@@ -6,6 +6,8 @@
   killed (its connection closes) or stopped with SIGSTOP (silent: only the heartbeats can
   tell). Time bounds are loose (a shared, noisy machine): each is far below the timeout the
   request would otherwise have waited for; bench/stall.py measures the real figures.
+* The handle's side under the simulation (tests/client/sim.py): close() waits for an
+  ensemble change under way.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from zbk.errors import BookieUnavailableError, ConfigError
 from zbk.wire import messages as w
 from zbk.wire.status import Status
 
+from . import sim
+from .sim import Rule, SimCluster, WriteLog, check_persistence
+
+PW = b"pw"
 NO_ANSWER_S = 30.0  # the timeout of every request below: never reached when detection works
 
 # A stand-in bookie: binds once it reads a line on stdin (so that a successor can be started
@@ -211,3 +217,43 @@ def test_a_silent_bookie_fails_the_adds_in_flight_within_the_heartbeat_timeout()
         asyncio.run(run())
     finally:
         _stop(proc)
+
+
+# -- the handle's side (simulation) -------------------------------------------------------------------
+def test_close_waits_for_the_ensemble_change_under_way() -> None:
+    """E3 WQ3 AQ2: one bookie fails the adds at once, before the two others confirm them, so
+    the ensemble change starts from entry 0; every append then completes before the change
+    lands (its metadata write is slow). close() waits for the change: the ledger closes with
+    the failed bookie replaced, rather than with it in its last ensemble and the change then
+    failing on the closed metadata."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=4)
+        lh = await c.client("writer").create_ledger(3, 3, 2, password=PW)
+        log = WriteLog()
+        healthy = [c.bookie(b) for b in lh.md.last_ensemble[:2]]
+        failing = c.bookie(lh.md.last_ensemble[2])
+        failing.add_status = Status.EIO
+        for b in healthy:
+            b.rules.append(Rule("delay_reply", lambda m: isinstance(m, w.AddRequest), seconds=1.0))
+
+        async def slow_change(md: Any) -> None:
+            if not md.is_closed:
+                await asyncio.sleep(5.0)
+
+        c.before_metadata_write = slow_change
+        for i in range(50):
+            log.append(lh, b"entry %d" % i)
+        await asyncio.gather(*log.futures)
+        assert failing.id in c.ledger(lh.ledger_id).last_ensemble, "the change landed before the appends completed"
+        await lh.close()
+        md = c.ledger(lh.ledger_id)
+        assert md.is_closed and md.last_entry_id == 49
+        assert failing.id not in md.last_ensemble, md.fragments
+        assert lh.failed is None, lh.failed
+        c.before_metadata_write = None
+        c.heal()
+        assert await check_persistence(c, lh.ledger_id, PW, log) == []
+
+    sim.run(scenario())
