@@ -159,6 +159,35 @@ def test_a_closed_connection_fails_the_adds_in_flight_and_the_next_ones_at_once(
         _stop(proc)
 
 
+def test_adds_queued_for_a_connection_fail_when_it_is_reported_closed() -> None:
+    """Adds sent between a connection's close and the monitor's report of it find no
+    connection and queue for one: the report fails them too, at once; a request() queued
+    among them keeps waiting. Driven by a DISCONNECTED report given to the transport by
+    hand, for a bookie it never reached (nothing listens), so that both stay queued."""
+    bookie = f"127.0.0.1:{free_port()}"
+
+    async def run() -> None:
+        t = ZmqTransport(heartbeat_timeout_ms=0)
+        try:
+            first = _send(t, bookie)
+            request = asyncio.ensure_future(t.request(bookie, _info(t), NO_ANSWER_S))
+            last = _send(t, bookie)
+            await asyncio.sleep(0.05)
+            p = t.peers[bookie]
+            assert len(p.backlog) == 3 and not first.done() and not last.done()
+            t._on_event(p, zmq.EVENT_DISCONNECTED, 0)
+            for fut in (first, last):
+                _, err = await asyncio.wait_for(fut, 0.1)
+                assert isinstance(err, BookieUnavailableError) and "connection lost" in str(err), err
+            assert len(p.backlog) == 1 and not request.done()
+            with pytest.raises(BookieUnavailableError, match="not connected"):
+                await asyncio.wait_for(request, NO_ANSWER_S)  # after its second of grace
+        finally:
+            await t.close()
+
+    asyncio.run(run())
+
+
 def test_a_request_still_waits_for_a_bookie_that_comes_back() -> None:
     """Reads and recovery (request()) keep waiting up to a second for a reconnection: a
     recovery that starts as every bookie comes back from a restart must find them."""

@@ -159,7 +159,8 @@ class _Peer:
         # Requests that could not be sent yet (no connection), in the order they were made;
         # later requests queue behind them, so a bookie receives one client's requests in
         # the order the client made them (a FORCE_LEDGER never overtakes the adds before it).
-        self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None]]] = deque()
+        # Each with its deadline, its done callback, and whether it is an add (fail_if_lost).
+        self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None], bool]] = deque()
         self.flusher: asyncio.Task[None] | None = None
 
 
@@ -217,13 +218,22 @@ class ZmqTransport:
             log.warning("%s", p.handshake_error)
 
     def _lost(self, p: _Peer) -> None:
-        """``p``'s connection closed: fail every request in flight to it now. Answers that
-        arrived before the close are still in the socket: they are taken first."""
+        """``p``'s connection closed: fail every request in flight to it now, and the adds
+        queued for it (sends made between the close and this report found no connection and
+        were queued to wait for one). Answers that arrived before the close are still in the
+        socket: they are taken first."""
         if not p.lost:
             log.info("lost the connection to bookie %s", p.bookie)
         p.lost = True
         self.failed_at[p.bookie] = time.monotonic()
         self._readable(p)
+        if any(item[3] for item in p.backlog):
+            queued, p.backlog = p.backlog, deque()
+            for item in queued:
+                if item[3]:  # never sent: the requests queued behind it keep their order
+                    item[2](BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+                else:
+                    p.backlog.append(item)
         calls, p.calls = p.calls, {}
         for callback, timer in calls.values():
             timer.cancel()
@@ -341,7 +351,7 @@ class ZmqTransport:
             self.failed_at[p.bookie] = time.monotonic()
             done(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
             return
-        p.backlog.append((frames, time.monotonic() + min(timeout_s, 1.0), done))
+        p.backlog.append((frames, time.monotonic() + min(timeout_s, 1.0), done, fail_if_lost))
         if p.flusher is None:
             p.flusher = asyncio.get_running_loop().create_task(self._flush_backlog(p))
 
@@ -351,7 +361,7 @@ class ZmqTransport:
         DONTWAIT then, which hung a recovery on a SIGSTOPped bookie."""
         try:
             while p.backlog:
-                frames, deadline, done = p.backlog[0]
+                frames, deadline, done, _ = p.backlog[0]
                 err: BaseException | None = None
                 try:
                     _send_frames(p.raw, frames)
