@@ -160,28 +160,42 @@ def test_a_closed_connection_fails_the_adds_in_flight_and_the_next_ones_at_once(
 
 
 def test_adds_queued_for_a_connection_fail_when_it_is_reported_closed() -> None:
-    """Adds sent between a connection's close and the monitor's report of it find no
-    connection and queue for one: the report fails them too, at once; a request() queued
-    among them keeps waiting. Driven by a DISCONNECTED report given to the transport by
-    hand, for a bookie it never reached (nothing listens), so that both stay queued."""
+    """A writer's adds sent between a connection's close and the monitor's report of it find
+    no connection and queue for one: the report fails them too, at once. A request() and a
+    recovery's write-back (fail_if_lost=False) queued among them keep waiting, as do those
+    sent after the report. Driven by a DISCONNECTED report given to the transport by hand,
+    for a bookie it never reached (nothing listens), so that all of them stay queued."""
     bookie = f"127.0.0.1:{free_port()}"
 
     async def run() -> None:
         t = ZmqTransport(heartbeat_timeout_ms=0)
+        loop = asyncio.get_running_loop()
+
+        def write_back() -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = loop.create_future()
+            t.send_all([bookie], _info(t), NO_ANSWER_S, [fut.set_result], fail_if_lost=False)
+            return fut
+
         try:
             first = _send(t, bookie)
             request = asyncio.ensure_future(t.request(bookie, _info(t), NO_ANSWER_S))
+            recovery = write_back()
             last = _send(t, bookie)
             await asyncio.sleep(0.05)
             p = t.peers[bookie]
-            assert len(p.backlog) == 3 and not first.done() and not last.done()
+            assert len(p.backlog) == 4 and not first.done() and not last.done()
             t._on_event(p, zmq.EVENT_DISCONNECTED, 0)
             for fut in (first, last):
                 _, err = await asyncio.wait_for(fut, 0.1)
                 assert isinstance(err, BookieUnavailableError) and "connection lost" in str(err), err
-            assert len(p.backlog) == 1 and not request.done()
+            _, err = await asyncio.wait_for(_send(t, bookie), 0.1)  # after the report: at once too
+            assert isinstance(err, BookieUnavailableError) and "connection lost" in str(err), err
+            later = write_back()
+            await asyncio.sleep(0.05)
+            assert len(p.backlog) == 3 and not request.done() and not recovery.done() and not later.done()
             with pytest.raises(BookieUnavailableError, match="not connected"):
                 await asyncio.wait_for(request, NO_ANSWER_S)  # after its second of grace
+            assert isinstance(await asyncio.wait_for(recovery, NO_ANSWER_S), BookieUnavailableError)
         finally:
             await t.close()
 

@@ -298,10 +298,11 @@ class ZmqTransport:
         self.send_all((bookie,), msg, timeout_s, (callback,))
 
     def send_all(self, bookies: Sequence[str], msg: Any, timeout_s: float,
-                 callbacks: Sequence[Callable[[Any], None]]) -> None:
+                 callbacks: Sequence[Callable[[Any], None]], *, fail_if_lost: bool = True) -> None:
         """``send`` of one message to several bookies (callbacks[i] for bookies[i]), encoded
         once: the write path sends identical adds to every bookie of a write set. The rid
-        is the same on each connection; rids only need to be unique per bookie."""
+        is the same on each connection; rids only need to be unique per bookie.
+        ``fail_if_lost``: see _send_in_order."""
         loop = asyncio.get_running_loop()
         if self.closed:
             for callback in callbacks:
@@ -313,7 +314,7 @@ class ZmqTransport:
         for bookie, callback in zip(bookies, callbacks, strict=True):
             p = self._peer(bookie)
             self._send_in_order(p, frames, timeout_s, functools.partial(self._sent, p, rid, started, timeout_s, callback),
-                                fail_if_lost=True)
+                                fail_if_lost=fail_if_lost)
 
     def _sent(self, p: _Peer, rid: int, started: float, timeout_s: float, callback: Callable[[Any], None],
               err: BaseException | None) -> None:
@@ -332,9 +333,9 @@ class ZmqTransport:
         peer, or a dead or restarting bookie): the queue then waits up to a second per
         request for one (a restarted bookie is reached again after ZeroMQ's reconnect
         interval plus a handshake; failing sooner failed a recovery that began just after
-        every bookie restarted). With ``fail_if_lost`` (adds), a peer whose connection closed
-        fails at once instead: a writer has somewhere else to go, its ensemble change, and
-        every moment spent waiting stalls its ledger."""
+        every bookie restarted). With ``fail_if_lost`` (a writer's adds), a peer whose
+        connection closed fails at once instead: a writer has somewhere else to go, its
+        ensemble change, and every moment spent waiting stalls its ledger."""
         if not p.backlog:
             try:
                 _send_frames(p.raw, frames)
