@@ -12,8 +12,9 @@ the event loop. When the connection closes (the bookie died, or the ZMTP heartbe
 silent for ``heartbeat_timeout_ms``: a paused process or a cut network), every request in
 flight to it fails at once with BookieUnavailableError: its answer can no longer come, since
 libzmq drops a closed connection's queues and a new connection is a new peer to the bookie.
-Until a new connection completes its handshake, adds to it fail at once too. So a writer
-starts its ensemble change at that moment, not when an add times out.
+Until a new connection completes its handshake, a writer's adds to it fail at once too (reads
+and recovery wait a moment for the reconnection). So a writer starts its ensemble change at
+that moment, not when an add times out.
 
 With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and the monitor
 also watches its handshakes: a bookie that refuses our key makes requests to it fail at once
@@ -159,7 +160,8 @@ class _Peer:
         # Requests that could not be sent yet (no connection), in the order they were made;
         # later requests queue behind them, so a bookie receives one client's requests in
         # the order the client made them (a FORCE_LEDGER never overtakes the adds before it).
-        # Each with its deadline, its done callback, and whether it is an add (fail_if_lost).
+        # Each with its deadline, its done callback, and whether a lost connection fails it at
+        # once (fail_if_lost: a writer's add).
         self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None], bool]] = deque()
         self.flusher: asyncio.Task[None] | None = None
 
