@@ -13,7 +13,8 @@ After ``--before-s`` seconds one bookie of the ledger's ensemble fails, in one o
 The writer goes on for ``--after-s`` seconds, then closes the ledger. The stall of a round
 is the longest time without any add confirmed, over the gaps that end after the fault
 (the gap the fault falls in included). Beside it: the longest gap before the fault (the
-noise floor of this machine), the longest add latency after the fault, and whether the
+noise floor of this machine), when the client found the bookie failed and when its
+ensemble change was written, the longest add latency after the fault, and whether the
 closed ledger's last ensemble has the failed bookie replaced. The add timeout stays at its
 default (10 s): a stall near it would mean the failure was found by a timeout. A killed
 bookie is started again before the next round, a stopped one continued; which bookie fails
