@@ -1,6 +1,7 @@
 """Process helpers shared by the bench scripts: loopback ports, child processes that are
 always stopped by PID (also on Ctrl-C, SIGTERM, exceptions and interpreter exit), a local
-zbk cluster (N bookies on embedded sqlite metadata), a local NATS JetStream cluster, RSS
+zbk cluster (N bookies on embedded sqlite metadata, or on a given store such as a local
+etcd member), a local NATS JetStream cluster, RSS
 and load-average readers, and a wall-clock bound for a whole run.
 
 Nothing here depends on tests/: bench scripts must run from a plain checkout with the
@@ -267,12 +268,13 @@ class ZbkCluster(_Cluster):
     root: Path | None = None
     bookies: list[Bookie] = field(default_factory=list)
     profile: str | None = None  # run bookie-0 under `py-spy record --gil`, raw profile written here
+    metadata_uri: str = ""  # another metadata store than the embedded one (e.g. EtcdServer.uri)
     _own_root: bool = False
 
     @property
     def metadata(self) -> str:
         assert self.root is not None
-        return f"sqlite:///{self.root}/meta.db"
+        return self.metadata_uri or f"sqlite:///{self.root}/meta.db"
 
     def start(self, timeout_s: float = 60.0) -> ZbkCluster:
         if self.root is None:
@@ -302,6 +304,15 @@ class ZbkCluster(_Cluster):
             self._wait_ready(b, timeout_s)
         self._wait_registered(timeout_s)
         return self
+
+    def restart(self, b: Bookie, timeout_s: float = 60.0) -> None:
+        """Start bookie ``b`` again on its data directory and ports (killing and reaping its
+        old process first, if any), and wait until it serves and is registered."""
+        if b.proc is not None:
+            stop_process(b.proc, sig=signal.SIGKILL)
+        b.proc = start_process(b.argv, b.log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self._wait_ready(b, timeout_s)
+        self._wait_registered(timeout_s)
 
     def _wait_ready(self, b: Bookie, timeout_s: float) -> None:
         from zbk.client.raw import BookieConnection
@@ -350,6 +361,49 @@ class ZbkCluster(_Cluster):
                     b.proc.wait(60)
             stop_process(b.proc, timeout_s=30.0)
         if self._own_root and self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- etcd ---------------------------------------------------------------------------------------
+@dataclass
+class EtcdServer(_Cluster):
+    """One etcd member on loopback (etcd's own timing), its data in a temporary directory."""
+
+    root: Path | None = None
+    client_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"etcd://{LOOPBACK}:{self.client_port}/zbk"
+
+    def start(self, timeout_s: float = 30.0) -> EtcdServer:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise SystemExit("etcd not found: install it (apt-get install etcd-server)")
+        self.root = Path(tempfile.mkdtemp(prefix="etcd-bench-"))
+        self.client_port = free_port()
+        client, peer = f"http://{LOOPBACK}:{self.client_port}", f"http://{LOOPBACK}:{free_port()}"
+        argv = [binary, "--name", "bench", "--data-dir", str(self.root / "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"bench={peer}", "--log-level", "warn"]
+        self.proc = start_process(argv, self.root / "etcd.log")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if json.loads(http_get(f"{client}/health", 1.0)).get("health") == "true":
+                    return self
+            except (OSError, ValueError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"etcd did not start:\n{tail(self.root / 'etcd.log')}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s=10.0)
+        if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -201,6 +201,12 @@ client_pending_adds_max = 100_000  # appends in flight per writer: bounds its me
 # flight per bookie: the bookie stores one while the client builds the next.
 client_add_request_entries_default = 500
 client_ensemble_change_attempts_max = 10  # ensemble changes without progress before an add fails
+# A bookie that stays silent this long (a partition, a paused process) counts as failed: its
+# connection is closed and the writers on it change ensembles (ZMTP heartbeats, transport.py).
+# A bookie's libzmq I/O thread answers heartbeats whatever its Python threads are doing, so
+# only a stopped process or a cut network goes this long without answering. 0: no heartbeats.
+client_heartbeat_timeout_ms_default = 2_000
+client_heartbeat_timeout_ms_max = 600_000  # ZMQ_HEARTBEAT_TTL holds at most 6,553.5 s
 client_master_keys_cached_max = 1024  # passwords whose master key (a SHA-256) a client keeps at hand
 client_rotations_cached_max = 4096  # ensembles whose write sets an AddDispatcher keeps
 # Recovery (fencing a ledger and closing it) reads each entry until its state is known; a

@@ -73,7 +73,9 @@ from zbk.wire.status import Status
 
 T = TypeVar("T")
 
-REFUSED_AFTER_S = 0.1  # a dead process: the real transport gives up on a lost connection this fast
+# A dead process: requests in flight to it fail at once (its connections close), new ones
+# are refused this fast (the real transport fails adds at once and gives reads a second).
+REFUSED_AFTER_S = 0.1
 SIM_TIME_LIMIT_S = 24 * 3600.0  # virtual seconds; a run beyond this is a livelock, not a slow test
 SAME_INSTANT_STEPS_MAX = 200_000  # loop iterations without the clock moving: a busy loop
 
@@ -420,6 +422,7 @@ class BookieNode:
         self.paused = False
         self.incarnation += 1
         self._held.clear()
+        self.cluster.connections_closed(self.id)
         self._stop_cores(power_loss=power_loss)
         self.cluster.unregister(self.id)
 
@@ -640,6 +643,7 @@ class SimCluster:
         self.trace: list[str] | None = [] if trace else None
         self._fifo: dict[tuple[str, str, str], float] = {}  # (client, bookie, direction) -> last arrival
         self._clients = itertools.count(1)
+        self._transports: list[SimTransport] = []
         for i in range(bookies):
             self.add_bookie(f"b{i + 1}:3181", settings)
 
@@ -696,9 +700,16 @@ class SimCluster:
         name = name or f"c{next(self._clients)}"
         rng = random.Random(self.rng.getrandbits(64))
         transport = SimTransport(self, name)
+        self._transports.append(transport)
         bk = AsyncBookKeeper(store=self.meta, transport=transport, config=config, rng=rng)
         bk.ctx = SimContext(self, transport, bk.config, rng)
         return bk
+
+    def connections_closed(self, bookie_id: str) -> None:
+        """``bookie_id`` died: every client's requests in flight to it fail now, as the real
+        transport's socket monitor makes them fail when the connection closes."""
+        for t in self._transports:
+            t.connection_lost(bookie_id)
 
     async def metadata_hop(self) -> None:
         if self.metadata_delay_s > 0:
@@ -825,7 +836,7 @@ class SimTransport:
         self.name = name
         self._rids = itertools.count(1)
         self._keys = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # key -> (bookie, answer)
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_at: dict[str, float] = {}
         self.closed = False
@@ -842,7 +853,7 @@ class SimTransport:
             raise BookieUnavailableError("client is closed")
         fut: asyncio.Future[Any] = self.cluster.loop.create_future()
         key = next(self._keys)
-        self._pending[key] = fut
+        self._pending[key] = (bookie, fut)
         self.cluster.send(self.name, bookie, msg, fut)
         try:
             return await asyncio.wait_for(fut, timeout_s)
@@ -863,9 +874,14 @@ class SimTransport:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def connection_lost(self, bookie: str) -> None:
+        for b, fut in self._pending.values():
+            if b == bookie and not fut.done():
+                fut.set_exception(BookieUnavailableError(f"bookie {bookie}: connection lost"))
+
     async def close(self) -> None:
         self.closed = True
-        for fut in self._pending.values():
+        for _, fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(BookieUnavailableError("client closed"))
         self._pending.clear()

@@ -225,7 +225,8 @@ def _record_sends(t: Any) -> list[tuple[list[str], Any]]:
     """Make transport ``t`` record (bookies, message) of every send_all, then send it."""
     calls: list[tuple[list[str], Any]] = []
 
-    def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any]) -> None:
+    def send_all(bookies: list[str], msg: Any, timeout_s: float, callbacks: list[Any], *,
+                 fail_if_lost: bool = True) -> None:
         calls.append((list(bookies), msg))
         for b, cb in zip(bookies, callbacks, strict=True):
             t.send(b, msg, timeout_s, cb)

@@ -8,9 +8,9 @@ from helpers.bookie import BookieProcess, wait_registered
 
 
 class Cluster:
-    def __init__(self, root: Path, n: int, settings: dict[str, object] | None = None) -> None:
+    def __init__(self, root: Path, n: int, settings: dict[str, object] | None = None, uri: str = "") -> None:
         self.root = root
-        self.uri = f"sqlite:///{root}/meta.db"
+        self.uri = uri or f"sqlite:///{root}/meta.db"
         self.bookies = [BookieProcess(root, self.uri, name=f"b{i}", settings=settings) for i in range(n)]
 
     def start(self) -> Cluster:
@@ -40,11 +40,12 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[object]:
-    """``cluster(n, **settings)`` starts n real bookies on one embedded metadata store."""
+    """``cluster(n, **settings)`` starts n real bookies on one embedded metadata store, or on
+    the store of ``uri=`` (e.g. the ``etcd_uri`` fixture's)."""
     made: list[Cluster] = []
 
-    def start(n: int = 3, **settings: object) -> Cluster:
-        c = Cluster(tmp_path / f"c{len(made)}", n, settings or None)
+    def start(n: int = 3, *, uri: str = "", **settings: object) -> Cluster:
+        c = Cluster(tmp_path / f"c{len(made)}", n, settings or None, uri)
         made.append(c)
         return c.start()
 

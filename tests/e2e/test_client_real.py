@@ -64,11 +64,13 @@ def test_write_through_a_bookie_kill(cluster):
 def test_seeds_example_writer_of_12_is_fenced(cluster):
     """E=3 WQ=2 AQ=2; 0..11 acknowledged; 12 reaches one bookie only; a reader recovers."""
     c = cluster(4)
-    # The writer learns it was fenced when its add of 12 times out on the paused bookie and
-    # its ensemble change finds the ledger in recovery: that timeout must be longer than the
-    # reader needs to mark the ledger in recovery, or (on a loaded machine) the writer
-    # replaces the paused bookie first and entry 12 is legitimately confirmed.
-    writer = zbk.BookKeeper(c.uri, config=ClientConfig(add_timeout_ms=15_000, read_timeout_ms=4000))
+    # The writer learns it was fenced when it finds the paused bookie failed (its add of 12
+    # times out, or the heartbeats find the bookie silent) and its ensemble change finds the
+    # ledger in recovery: both must take longer than the reader needs to mark the ledger in
+    # recovery, or (on a loaded machine) the writer replaces the paused bookie first and
+    # entry 12 is legitimately confirmed.
+    writer = zbk.BookKeeper(c.uri, config=ClientConfig(add_timeout_ms=15_000, read_timeout_ms=4000,
+                                                       heartbeat_timeout_ms=15_000))
     try:
         lh = writer.create_ledger(3, 2, 2, password=PW)
         for i in range(12):

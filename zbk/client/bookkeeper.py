@@ -74,7 +74,8 @@ class ClientContext:
     @classmethod
     def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
         """A context on a real ZmqTransport, with the config's CURVE keys when it has them."""
-        return cls(store, ZmqTransport(curve=CurveClient.from_config(config)), config, rng or random.Random())
+        transport = ZmqTransport(curve=CurveClient.from_config(config), heartbeat_timeout_ms=config.heartbeat_timeout_ms)
+        return cls(store, transport, config, rng or random.Random())
 
     def digest_for(self, kind: str, password: bytes) -> Digest:
         key = (kind, password)

@@ -146,7 +146,11 @@ class AddDispatcher:
         timeout_s = self.ctx.add_timeout_s
         send_all = getattr(t, "send_all", None)
         if send_all is not None:
-            send_all(bookies, msg, timeout_s, [functools.partial(answered, b, batch) for b in bookies])
+            # A writer's adds fail at once on a bookie whose connection was lost (its ensemble
+            # change is the way on); a recovery's write-back waits for a reconnection as its
+            # reads do: right after every bookie restarted, it has no spare to change to.
+            send_all(bookies, msg, timeout_s, [functools.partial(answered, b, batch) for b in bookies],
+                     fail_if_lost=not any([h.recovery for h in hs]))
             return
         send = getattr(t, "send", None)
         for bookie in bookies:

@@ -7,8 +7,17 @@ task or future per request); the simulation harness (tests/client/sim.py) implem
 same protocol in virtual time, carrying each request's frames to a bookie's real cores and
 their answer back, and can drop, delay or pause them, or answer negative/unknown.
 
-With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and a monitor
-watches its handshakes: a bookie that refuses our key makes requests to it fail at once
+Failure detection. A monitor (ZeroMQ's socket monitor) follows each DEALER's connection on
+the event loop. When the connection closes (the bookie died, or the ZMTP heartbeats found it
+silent for ``heartbeat_timeout_ms``: a paused process or a cut network), every request in
+flight to it fails at once with BookieUnavailableError: its answer can no longer come, since
+libzmq drops a closed connection's queues and a new connection is a new peer to the bookie.
+Until a new connection completes its handshake, a writer's adds to it fail at once too (reads
+and recovery wait a moment for the reconnection). So a writer starts its ensemble change at
+that moment, not when an add times out.
+
+With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and the monitor
+also watches its handshakes: a bookie that refuses our key makes requests to it fail at once
 with UnauthorizedError instead of waiting for a connection that will never come.
 """
 
@@ -88,27 +97,54 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# A connection is up once its ZMTP handshake succeeded (HANDSHAKE_SUCCEEDED comes for every
+# mechanism, NULL included), and gone at DISCONNECTED (also after a heartbeat timeout). The
+# failed-handshake events are watched with CURVE only: without it, the only way a handshake
+# fails is a connection dropped in the middle of it, which DISCONNECTED reports too.
+_LINK_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_HANDSHAKE_FAILED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def heartbeat_options(timeout_ms: int) -> dict[int, int]:
+    """The ZMTP heartbeat socket options under which a silent bookie's connection closes
+    within ``timeout_ms`` (0: no heartbeats). libzmq sends a PING every HEARTBEAT_IVL and
+    closes the connection when nothing at all arrived for HEARTBEAT_TIMEOUT after one; a
+    peer that goes silent just after a PING is found out after at most IVL + TIMEOUT, so the
+    two halves of ``timeout_ms`` bound it (and no sooner than half of it). HEARTBEAT_TTL
+    asks the bookie to drop this connection after ``timeout_ms`` without hearing from us (a
+    partitioned or paused client), two PINGs' worth of margin; libzmq keeps it in tenths of
+    a second, and below 100 ms it is 0, off."""
+    if timeout_ms <= 0:
+        return {}
+    ivl = max(1, timeout_ms // 2)
+    return {zmq.HEARTBEAT_IVL: ivl, zmq.HEARTBEAT_TIMEOUT: max(1, timeout_ms - ivl), zmq.HEARTBEAT_TTL: timeout_ms}
 
 
 class _Peer:
-    def __init__(self, ctx: zmq.asyncio.Context, bookie: str, curve: CurveClient | None) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, bookie: str, curve: CurveClient | None,
+                 heartbeat_timeout_ms: int) -> None:
         self.bookie = bookie
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a bookie we are not connected to
-        self.monitor: zmq.asyncio.Socket | None = None
+        for opt, value in heartbeat_options(heartbeat_timeout_ms).items():
+            self.sock.setsockopt(opt, value)
         self.handshake_error: ZbkError | None = None  # the last handshake failed (CURVE)
+        # The connection closed and no new one has completed its handshake yet: adds fail at
+        # once (ZmqTransport._send_in_order).
+        self.lost = False
+        events = _LINK_EVENTS
         if curve is not None:
             try:
                 curve.apply(self.sock, bookie)  # ConfigError: no server key for this bookie
             except BaseException:
                 self.sock.close(0)
                 raise
-            self.monitor = self.sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+            events |= _HANDSHAKE_FAILED_EVENTS
+        self.monitor: zmq.asyncio.Socket = self.sock.get_monitor_socket(events)
         self.sock.connect(f"tcp://{bookie}")
         # All sends and receives go through a plain (synchronous) view of the socket, never
         # blocking: pyzmq's asyncio wrappers cost a future and several callbacks per message.
@@ -123,14 +159,18 @@ class _Peer:
         # Requests that could not be sent yet (no connection), in the order they were made;
         # later requests queue behind them, so a bookie receives one client's requests in
         # the order the client made them (a FORCE_LEDGER never overtakes the adds before it).
-        self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None]]] = deque()
+        # Each with its deadline, its done callback, and whether a lost connection fails it at
+        # once (fail_if_lost: a writer's add).
+        self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None], bool]] = deque()
         self.flusher: asyncio.Task[None] | None = None
 
 
 class ZmqTransport:
-    def __init__(self, *, curve: CurveClient | None = None) -> None:
+    def __init__(self, *, curve: CurveClient | None = None,
+                 heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default) -> None:
         self.ctx = zmq.asyncio.Context()
         self.curve = curve
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.peers: dict[str, _Peer] = {}
         self._rids = itertools.count(1)
         self.closed = False
@@ -149,31 +189,60 @@ class ZmqTransport:
         p = self.peers.get(bookie)
         if p is None:
             loop = asyncio.get_running_loop()
-            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve)
+            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve, self.heartbeat_timeout_ms)
             loop.add_reader(p.fd, self._readable, p)
-            if p.monitor is not None:
-                p.watcher = loop.create_task(self._watch(p))
+            p.watcher = loop.create_task(self._watch(p))
         return p
 
     async def _watch(self, p: _Peer) -> None:
-        """Follow the CURVE handshakes of one peer's socket (reconnects included)."""
-        assert p.monitor is not None
+        """Follow one peer's connections (reconnects included) on the event loop."""
         while True:
             try:
                 event = parse_monitor_message(await p.monitor.recv_multipart())
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                p.handshake_error = None
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._on_event(p, event["event"], event["value"])
+
+    def _on_event(self, p: _Peer, kind: int, value: int) -> None:
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            p.handshake_error = None
+            p.lost = False
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self._lost(p)
+        else:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 p.handshake_error = UnauthorizedError(
-                    f"bookie {p.bookie} refused this client's CURVE key (ZAP status {event['value']})")
+                    f"bookie {p.bookie} refused this client's CURVE key (ZAP status {value})")
             else:
                 p.handshake_error = BookieUnavailableError(
                     f"bookie {p.bookie}: CURVE handshake failed (wrong server key, or the bookie does not use CURVE)")
-            if p.handshake_error is not None:
-                log.warning("%s", p.handshake_error)
+            log.warning("%s", p.handshake_error)
+
+    def _lost(self, p: _Peer) -> None:
+        """``p``'s connection closed: fail every request in flight to it now, and the adds
+        queued for it (sends made between the close and this report found no connection and
+        were queued to wait for one). Answers that arrived before the close are still in the
+        socket: they are taken first."""
+        if not p.lost:
+            log.info("lost the connection to bookie %s", p.bookie)
+        p.lost = True
+        self.failed_at[p.bookie] = time.monotonic()
+        self._readable(p)
+        if any(item[3] for item in p.backlog):
+            queued, p.backlog = p.backlog, deque()
+            for item in queued:
+                if item[3]:  # never sent: the requests queued behind it keep their order
+                    item[2](BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+                else:
+                    p.backlog.append(item)
+        calls, p.calls = p.calls, {}
+        for callback, timer in calls.values():
+            timer.cancel()
+            callback(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+        waiting, p.waiting = p.waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
 
     def _readable(self, p: _Peer) -> None:
         """Dispatch every response waiting on ``p``'s socket."""
@@ -230,10 +299,11 @@ class ZmqTransport:
         self.send_all((bookie,), msg, timeout_s, (callback,))
 
     def send_all(self, bookies: Sequence[str], msg: Any, timeout_s: float,
-                 callbacks: Sequence[Callable[[Any], None]]) -> None:
+                 callbacks: Sequence[Callable[[Any], None]], *, fail_if_lost: bool = True) -> None:
         """``send`` of one message to several bookies (callbacks[i] for bookies[i]), encoded
         once: the write path sends identical adds to every bookie of a write set. The rid
-        is the same on each connection; rids only need to be unique per bookie."""
+        is the same on each connection; rids only need to be unique per bookie.
+        ``fail_if_lost``: see _send_in_order."""
         loop = asyncio.get_running_loop()
         if self.closed:
             for callback in callbacks:
@@ -244,7 +314,8 @@ class ZmqTransport:
         started = time.monotonic()
         for bookie, callback in zip(bookies, callbacks, strict=True):
             p = self._peer(bookie)
-            self._send_in_order(p, frames, timeout_s, functools.partial(self._sent, p, rid, started, timeout_s, callback))
+            self._send_in_order(p, frames, timeout_s, functools.partial(self._sent, p, rid, started, timeout_s, callback),
+                                fail_if_lost=fail_if_lost)
 
     def _sent(self, p: _Peer, rid: int, started: float, timeout_s: float, callback: Callable[[Any], None],
               err: BaseException | None) -> None:
@@ -256,13 +327,16 @@ class ZmqTransport:
         p.calls[rid] = (callback, loop.call_later(left, self._expire, p, rid, timeout_s))
 
     def _send_in_order(self, p: _Peer, frames: list[Any], timeout_s: float,
-                       done: Callable[[BaseException | None], None]) -> None:
+                       done: Callable[[BaseException | None], None], *, fail_if_lost: bool = False) -> None:
         """Send ``frames`` to ``p`` now if nothing is queued before them, else queue them
         behind what is; ``done(None)`` right after the send, ``done(error)`` if it cannot
         be sent. IMMEDIATE makes a send fail with EAGAIN while there is no connection (a new
         peer, or a dead or restarting bookie): the queue then waits up to a second per
         request for one (a restarted bookie is reached again after ZeroMQ's reconnect
-        interval plus a handshake; failing sooner turned a restart into an ensemble change)."""
+        interval plus a handshake; failing sooner failed a recovery that began just after
+        every bookie restarted). With ``fail_if_lost`` (a writer's adds), a peer whose
+        connection closed fails at once instead: a writer has somewhere else to go, its
+        ensemble change, and every moment spent waiting stalls its ledger."""
         if not p.backlog:
             try:
                 _send_frames(p.raw, frames)
@@ -275,7 +349,11 @@ class ZmqTransport:
                 self._poke(p)
                 done(None)
                 return
-        p.backlog.append((frames, time.monotonic() + min(timeout_s, 1.0), done))
+        if fail_if_lost and p.lost:
+            self.failed_at[p.bookie] = time.monotonic()
+            done(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+            return
+        p.backlog.append((frames, time.monotonic() + min(timeout_s, 1.0), done, fail_if_lost))
         if p.flusher is None:
             p.flusher = asyncio.get_running_loop().create_task(self._flush_backlog(p))
 
@@ -285,7 +363,7 @@ class ZmqTransport:
         DONTWAIT then, which hung a recovery on a SIGSTOPped bookie."""
         try:
             while p.backlog:
-                frames, deadline, done = p.backlog[0]
+                frames, deadline, done, _ = p.backlog[0]
                 err: BaseException | None = None
                 try:
                     _send_frames(p.raw, frames)
@@ -359,9 +437,8 @@ class ZmqTransport:
             p.calls.clear()
             if p.watcher:
                 p.watcher.cancel()
-            if p.monitor is not None:
-                p.sock.disable_monitor()
-                p.monitor.close(0)
+            p.sock.disable_monitor()
+            p.monitor.close(0)
             for fut in p.waiting.values():
                 if not fut.done():
                     fut.set_exception(BookieUnavailableError("client closed"))

@@ -282,8 +282,11 @@ class LedgerHandle(ReadHandle):
             ev.set()
 
     async def wait_drained(self) -> None:
-        """Until no add is pending (each confirmed or failed)."""
-        while self.pending:
+        """Until no add is pending (each confirmed or failed) and no ensemble change is under
+        way: a change started by a bookie failing after its entries reached AQ elsewhere (WQ >
+        AQ) must land before the close, or the ledger closes with the failed bookie in its
+        last ensemble and the change then fails against the closed metadata."""
+        while self.pending or self._changing:
             ev = self._drain_event
             if ev is None:
                 ev = self._drain_event = asyncio.Event()
@@ -295,6 +298,14 @@ class LedgerHandle(ReadHandle):
         keep = ~self._dispatcher.bit(bookie)
         for a in adds:
             a.sent &= keep
+        if bookie in self._to_replace:
+            return  # another of its requests failed first: the change under way replaces it
+        if self.closing and not self.pending and not self._changing:
+            # Every entry is confirmed and close() is writing the metadata: a change now
+            # would only race it (the ledger closes under-replicated; the auditor repairs it).
+            log.info("ledger %d: bookie %s failed (%s) while closing, all entries confirmed", self.ledger_id,
+                     bookie, why)
+            return
         log.warning("ledger %d: bookie %s failed (%s): ensemble change", self.ledger_id, bookie, why)
         self._to_replace |= {bookie}
         if not self._changing:
@@ -314,6 +325,8 @@ class LedgerHandle(ReadHandle):
             return
         finally:
             self._changing = False
+            if not self.pending:
+                self._drained()
         if self.failed is None:
             self._schedule_flush()
 
