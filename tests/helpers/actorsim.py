@@ -9,7 +9,9 @@ like the inproc PUSH/PULL pipes, which hand the message object itself to the rec
 (zbk/actors/base.py). :meth:`BookieCores.step` delivers the
 head of one ready pipe, picked by a seeded generator, so every interleaving the real loops
 allow can happen; after it each journal commits with probability 0.3 while it holds
-records (its loop commits whenever a drain ends, and the drain may end after any message).
+records (its loop commits whenever a drain ends, and the drain may end after any message);
+a test of what happens between the commits of several journals asks for rarer ones
+(``commit_probability``), which hold records longer.
 Ticks come from the caller's clock, at each core's own interval; the Server's are left
 out while they would do nothing (:meth:`BookieCores.server_has_tick_work`). Nothing reads
 the wall clock and no thread runs, so a run is a function of its seed (``ZBK_SEED``
@@ -107,7 +109,7 @@ T0 = 1000.0  # the actor tests' clock starts here
 PASSWORD = b"gc-sim"
 MK = master_key(PASSWORD)
 DIGEST = make_digest("crc32c", PASSWORD)
-COMMIT_PROBABILITY = 0.3  # after a delivery, the journal commits what it holds with this probability
+COMMIT_PROBABILITY = 0.3  # after a delivery, each journal commits what it holds with this probability (default)
 
 
 def blob(lid: int, eid: int) -> bytes:
@@ -441,8 +443,10 @@ class BookieCores:
     builds a GcCore on this storage with the outbox it is given."""
 
     def __init__(self, root: Path, storage: Storage, settings: BookieSettings, disk: SimDisk, rng: random.Random,
-                 *, reply: Reply, now: float, gc: GcFactory | None = None, keep_delivered: bool = False) -> None:
+                 *, reply: Reply, now: float, gc: GcFactory | None = None, keep_delivered: bool = False,
+                 commit_probability: float = COMMIT_PROBABILITY) -> None:
         self.root, self.storage, self.settings, self.disk, self.rng = root, storage, settings, disk, rng
+        self.commit_probability = commit_probability
         xdir = storage_dirs(root)[1]
         n = len(storage.journals)
         assert n == settings.journals, (n, settings.journals)
@@ -542,7 +546,7 @@ class BookieCores:
             self.cores[key[1]].on_message(msg, now)
             self._server_may_have_work(now)
         for journal in self.journals:  # each journal's loop ends its drains on its own
-            if journal.pending and self.rng.random() < COMMIT_PROBABILITY:
+            if journal.pending and self.rng.random() < self.commit_probability:
                 journal.commit()
 
     def settle(self, now: float, steps_max: int = 100_000) -> None:
@@ -601,12 +605,13 @@ class BookieCores:
 
 
 def boot_cores(root: Path, settings: BookieSettings, disk: SimDisk, rng: random.Random, *, reply: Reply, now: float,
-               clock: Clock | None = None, gc: GcFactory | None = None, keep_delivered: bool = False) -> BookieCores:
+               clock: Clock | None = None, gc: GcFactory | None = None, keep_delivered: bool = False,
+               commit_probability: float = COMMIT_PROBABILITY) -> BookieCores:
     """Boot the storage under ``root`` (no phase one) and start the cores on it."""
     disk.revive()
     storage = open_storage(root, settings, disk, clock)
     return BookieCores(root, storage, settings, disk, rng, reply=reply, now=now, gc=gc,
-                       keep_delivered=keep_delivered)
+                       keep_delivered=keep_delivered, commit_probability=commit_probability)
 
 
 # -- one bookie on its own clock ----------------------------------------------------------------------
@@ -620,12 +625,14 @@ class Sim:
 
     def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]], *,
                  settings: BookieSettings = DEFAULT_SETTINGS, gc: GcFactory | None = None,
-                 keep_delivered: bool = True, disk: SimDisk | None = None) -> None:
+                 keep_delivered: bool = True, disk: SimDisk | None = None,
+                 commit_probability: float = COMMIT_PROBABILITY) -> None:
         self.root, self.rng, self.acked = root, rng, acked
         self.now = T0
         self.disk = disk or SimDisk()
         self.replies: list[Any] = []
         self.bookie = boot_cores(root, settings, self.disk, rng, now=T0, gc=gc, keep_delivered=keep_delivered,
+                                 commit_probability=commit_probability,
                                  clock=VirtualClock(lambda: self.now),
                                  reply=lambda _ident, frames: self.replies.append(decode_response(frames)))
         self.server = self.bookie.server
