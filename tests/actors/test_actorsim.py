@@ -20,6 +20,7 @@ from helpers.actorsim import (
     Sim,
     SimDisk,
     blob,
+    journal_dirs,
     ledger_states,
     open_storage,
     phase_one,
@@ -125,15 +126,18 @@ def _bookie_state(states: dict[int, Any], cache: Any) -> dict[int, tuple[Any, ..
             for lid, st in sorted(states.items())}
 
 
-@pytest.mark.parametrize("journal_write_data", [True, False])
-def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data: bool) -> None:
+@pytest.mark.parametrize(("journal_write_data", "journals"), [(True, 1), (False, 1), (True, 2)])
+def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data: bool, journals: int) -> None:
     """A bookie killed in the middle of adds, fences, explicit LACs and checkpoints, booted
     twice from copies of what survived: by the simulation (open_storage, phase_one,
     publish_limbo_marks, ledger_states) and by zbk's BookieBoot.boot. The Server would start
-    with the same state, the index holds the same entries, the same repair marks appear."""
+    with the same state, the index holds the same entries, the same repair marks appear.
+    With two journals the ledgers' records are split between them, and both boots replay
+    each from its own mark."""
     acked: set[tuple[int, int]] = set()
     sim = Sim(tmp_path / "run", random.Random(7), acked,
-              settings=BookieSettings(journal_write_data=journal_write_data, flush_interval_s=0.05))
+              settings=BookieSettings(journal_write_data=journal_write_data, flush_interval_s=0.05,
+                                      journals=journals))
     def add(lid: int, eid: int) -> Callable[[int], w.AddRequest]:
         return lambda rid: w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
                                         entries=[blob(lid, eid)])
@@ -158,15 +162,16 @@ def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data:
         store = _store()
         if who == "simulation":
             disk = SimDisk()
-            st = open_storage(root, BookieSettings(journal_write_data=journal_write_data), disk)
+            st = open_storage(root, BookieSettings(journal_write_data=journal_write_data, journals=journals), disk)
             # A brand-new cookie: BookieBoot.boot runs phase one (as for a replaced disk).
             report[who] = (st.unclean, st.replayed, phase_one(st.cache, store, ME))
             publish_limbo_marks(st.cache, store, ME)
             states[who] = _bookie_state(ledger_states(st.cache, st.logs), st.cache)
-            for close in (st.logs.close, st.journal.close, st.cache.close):
+            for close in (st.logs.close, *(j.close for j in st.journals), st.cache.close):
                 close()
         else:
             cfg = BookieConfig(bookie_id=ME, data_dir=str(root), metadata_uri=store.uri,
+                               journal_dirs=tuple(journal_dirs(root, journals)),
                                journal=JournalConfig(write_data=journal_write_data, max_size_mb=1,
                                                      pre_alloc_size_mb=0),
                                entry_log=EntryLogConfig(size_limit_mb=1))
@@ -175,7 +180,7 @@ def test_the_simulations_boot_is_the_bookies(tmp_path: Path, journal_write_data:
             assert r.cookie_fixed
             report[who] = (r.unclean, r.replayed_records, r.phase_one_ledgers)
             states[who] = _bookie_state(bookie._ledger_states(), bookie.cache)
-            for close in (bookie.logs.close, bookie.journal.close, bookie.cache.close):
+            for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
                 close()
         marks[who] = sorted((m.ledger_id, m.why) for m in UnderReplicationRegistry(store, ME).list_repairs())
         store.close()

@@ -1,19 +1,18 @@
 """Parallel journals inside the bookie: ledgers assigned to journals by id, batches split per
 journal and acknowledged once every journal they touched synced, checkpoints that collect
-and persist every journal's mark, and (a simulation of the cores with two journals) kill -9
-at random steps losing no acknowledged entry after a replay of both journals."""
+and persist every journal's mark, and (a bookie of two journals under the actor simulation,
+tests/helpers/actorsim.py) kill -9 at random steps losing no acknowledged entry after a
+replay of both journals."""
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.actorsim import MK, PipeOutbox, blob
-from helpers.actorsim import unchanged as _unchanged
+from helpers.actorsim import MK, T0, BookieSettings, Sim, SimDisk, blob, journal_dirs, storage_dirs
 
 from zbk.actors.base import ListOutbox
 from zbk.actors.entrylogger import EntryLoggerCore
@@ -43,27 +42,12 @@ from zbk.actors.messages import (
     TrimJournal,
 )
 from zbk.actors.server import LedgerState, ServerCore
-from zbk.bookie.replay import checkpoint_after_replay, replay_journals
-from zbk.storage.disk import RealDisk
-from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.journal import JournalWriter, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import read_last_mark, write_last_marks
+from zbk.storage.markers import read_last_mark
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
-
-T0 = 1000.0
-
-
-class PageCacheDisk(RealDisk):
-    """kill -9 keeps the page cache: the simulation needs the writes, not the fsyncs."""
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-
-DISK = PageCacheDisk()
 
 # -- 1. the assignment ---------------------------------------------------------------------
 
@@ -209,135 +193,96 @@ def test_a_checkpoint_waits_for_every_journals_mark_and_trims_each_at_its_own(tm
 
 LEDGERS = range(1, 31)
 JOURNALS = 2
+# Small entry logs, journal segments and a short flush interval: a run rolls files and
+# checkpoints (and so trims each journal) many times. The journal acknowledges once a
+# record is written: a kill -9 keeps what was written (tests/helpers/actorsim.py). Each
+# journal commits rarely, so records wait long in one journal while the other's are written:
+# the window in which a batch over both is half durable, which an acknowledgement must wait out.
+COMMIT_PROBABILITY = 0.1
+SETTINGS = BookieSettings(journals=JOURNALS, journal_sync_data=False, flush_interval_s=0.05, log_bytes=64 * 1024,
+                          write_buffer_bytes=2048, journal_segment_bytes=32 * 1024, group_bytes_max=1 << 20,
+                          group_wait_s=0.002, max_frame_bytes=1 << 22)
 
 
-def boot(root: Path) -> tuple[EntryLogWriter, LedgerCache, list[JournalWriter]]:
-    """The storage half of Bookie.boot with two journals: replay both, then checkpoint."""
-    jdirs = [str(root / f"j{i}") for i in range(JOURNALS)]
-    ldir, xdir = str(root / "ledgers"), str(root / "index")
-    for d in (*jdirs, ldir, xdir):
-        os.makedirs(d, exist_ok=True)
-    logs = EntryLogWriter([ldir], size_limit_bytes=64 * 1024, write_buffer_bytes=2048, disk=DISK)
-    cache = LedgerCache([xdir], disk=DISK)
-    replay_journals(jdirs, xdir, logs, cache)
-    journals = [JournalWriter(d, 32 * 1024, disk=DISK) for d in jdirs]
-    checkpoint_after_replay(journals, xdir, logs, cache, disk=DISK)
-    return logs, cache, journals
+class TwoJournals:
+    """A bookie of two journals under the actor simulation (tests/helpers/actorsim.py),
+    sent adds of random shape; it notes the ledgers of the records each journal actor got,
+    and the checkpoints that completed."""
 
-
-class Sim:
-    def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]]) -> None:
+    def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]], disk: SimDisk) -> None:
         self.root, self.rng, self.acked = root, rng, acked
-        self.now = T0
-        self.logs, self.cache, journals = boot(root)
-        xdir = str(root / "index")
-        self.replies: list[Any] = []
-        states = {lid: LedgerState(master_key=self.cache.get_master_key(lid)) for lid in self.cache.ledgers()}
-        self.pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]] = collections.defaultdict(
-            collections.deque)
-        self.server = ServerCore(ledgers=states, journal_write_data=True, max_frame_bytes=1 << 22,
-                                 reply=lambda _i, frames: self.replies.append(decode_response(frames)),
-                                 outbox=PipeOutbox(self.pipes, "server"), journals=JOURNALS)
-        self.jcores = [JournalCore(jw, outbox=PipeOutbox(self.pipes, journal_name(i, JOURNALS)), sync_data=False,
-                                   group_bytes_max=1 << 20, group_wait_s=0.002, index=i, journals=JOURNALS)
-                       for i, jw in enumerate(journals)]
-        self.index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.05,
-                               persist_marks=lambda marks: write_last_marks(xdir, marks, disk=DISK), journals=JOURNALS)
-        self.cores: dict[str, Any] = {"server": self.server, "index": self.index,
-                                      "entrylogger": EntryLoggerCore(self.logs, outbox=PipeOutbox(self.pipes, "entrylogger"),
-                                                                     journals=JOURNALS),
-                                      **{j.name: j for j in self.jcores}}
-        self.next_tick = {n: T0 + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
-        self.pending: dict[int, list[tuple[int, list[int]]]] = {}
-        self.rid = 0
-        self.steps = 0
+        self.sim = Sim(root, rng, acked, settings=SETTINGS, keep_delivered=False, disk=disk,
+                       commit_probability=COMMIT_PROBABILITY)
         self.checkpoints = 0
-        self.routed: list[set[int]] = [set() for _ in range(JOURNALS)]  # ledgers of the records each journal got
+        self.routed: list[set[int]] = [set() for _ in range(JOURNALS)]
+        self.sim.bookie.before_delivery = self._observe
+
+    def _observe(self, dest: str, msg: Any) -> None:
+        self.checkpoints += isinstance(msg, CheckpointDone)
+        journal = journal_of_actor(dest)
+        if journal is None:
+            return
+        if isinstance(msg, JournalAppend):
+            self.routed[journal].update(msg.ledger_ids)
+        elif isinstance(msg, JournalMeta):
+            self.routed[journal].update(rec[1] for rec in msg.records)
+
+    @property
+    def steps(self) -> int:
+        return self.sim.steps
+
+    @property
+    def pending(self) -> int:
+        return len(self.sim.waiting)
 
     def add(self, next_eid: dict[int, int]) -> None:
         """An ADD_ENTRY to one ledger, or a MULTI_ADD over ledgers of both journals."""
-        self.rid += 1
-        if self.rng.random() < 0.5:
+        single = self.rng.random() < 0.5
+        if single:
             lid = self.rng.choice(list(LEDGERS))
             eids = list(range(next_eid[lid], next_eid[lid] + self.rng.randrange(1, 4)))
             next_eid[lid] = eids[-1] + 1
-            self.pending[self.rid] = [(lid, eids)]
-            self.server.on_request(b"c", encode(_add(lid, eids, self.rid)), self.now)
-            return
-        shape = []
-        for lid in sorted(self.rng.sample(list(LEDGERS), self.rng.randrange(2, 12))):
-            eids = list(range(next_eid[lid], next_eid[lid] + self.rng.randrange(1, 3)))
-            next_eid[lid] = eids[-1] + 1
-            shape.append((lid, eids))
-        self.pending[self.rid] = shape
-        parts = [_add(lid, eids, 0) for lid, eids in shape]
-        self.server.on_request(b"c", encode(w.MultiAddRequest(rid=self.rid, parts=parts)), self.now)
+            shape = [(lid, eids)]
+        else:
+            shape = []
+            for lid in sorted(self.rng.sample(list(LEDGERS), self.rng.randrange(2, 12))):
+                eids = list(range(next_eid[lid], next_eid[lid] + self.rng.randrange(1, 3)))
+                next_eid[lid] = eids[-1] + 1
+                shape.append((lid, eids))
 
-    def step(self) -> None:
-        self.steps += 1
-        idle = not any(j.pending for j in self.jcores) and not any(self.pipes.values())
-        self.now = max(self.now + 0.001, min(self.next_tick.values())) if idle else self.now + 0.001
-        for name, at in self.next_tick.items():
-            if self.now >= at:
-                self.cores[name].on_tick(self.now)
-                self.next_tick[name] = self.now + self.cores[name].tick_interval_s
-        ready = [key for key, q in self.pipes.items() if q]
-        if ready:
-            key = self.rng.choice(ready)
-            msg, snapshot = self.pipes[key].popleft()
-            _unchanged(msg, snapshot)
-            self.checkpoints += isinstance(msg, CheckpointDone)
-            if isinstance(msg, JournalAppend):
-                self.routed[self.cores[key[1]].index].update(msg.ledger_ids)
-            elif isinstance(msg, JournalMeta):
-                self.routed[self.cores[key[1]].index].update(rec[1] for rec in msg.records)
-            self.cores[key[1]].on_message(msg, self.now)
-        for j in self.jcores:  # each journal loop commits after its own drains (rarely here: long windows)
-            if j.pending and self.rng.random() < 0.1:
-                j.commit()
-        for resp in self.replies:
-            shape = self.pending.pop(resp.rid)
+        def make(rid: int) -> w.AddRequest | w.MultiAddRequest:
+            if single:
+                return _add(*shape[0], rid)
+            return w.MultiAddRequest(rid=rid, parts=[_add(lid, eids, 0) for lid, eids in shape])
+
+        def done(resp: Any) -> None:
             statuses = list(resp.statuses) if isinstance(resp, w.MultiAddResponse) else [resp.status]
             assert statuses == [Status.EOK] * len(shape), resp
             self.acked.update((lid, e) for lid, eids in shape for e in eids)
-        self.replies.clear()
 
-    def settle(self) -> None:
-        for _ in range(50_000):
-            if (not self.pending and not any(self.pipes.values()) and not any(j.pending for j in self.jcores)
-                    and not self.server.held_puts):
-                return
-            self.step()
-        raise AssertionError("the cores did not settle")
-
-    def verify(self) -> int:
-        for lid, eid in sorted(self.acked):
-            loc = self.cache.get(lid, eid)
-            assert loc is not None, f"entry {lid}:{eid} lost"
-            assert self.logs.read(loc, lid, eid) == blob(lid, eid), f"entry {lid}:{eid} wrong bytes"
-        return len(self.acked)
+        self.sim.send(make, done)
 
     def journal_ledgers(self) -> list[set[int]]:
         """The ledgers named by the records each journal still holds (from its first segment)."""
-        return [{rec.ledger_id for rec, _ in replay(str(self.root / f"j{i}"))} for i in range(JOURNALS)]
+        return [{rec.ledger_id for rec, _ in replay(d)} for d in journal_dirs(self.root, JOURNALS)]
 
 
-def _run(sim: Sim, next_eid: dict[int, int], requests: int, crash_at: int | None) -> bool:
+def _run(bk: TwoJournals, next_eid: dict[int, int], requests: int, crash_at: int | None) -> bool:
     for _ in range(requests):
-        sim.add(next_eid)
-        for _ in range(sim.rng.randrange(0, 30)):
-            if crash_at is not None and sim.steps >= crash_at:
+        bk.add(next_eid)
+        for _ in range(bk.rng.randrange(0, 30)):
+            if crash_at is not None and bk.steps >= crash_at:
                 return True
-            sim.step()
+            bk.sim.step()
         for _ in range(50_000):
-            if len(sim.pending) <= 4:
+            if bk.pending <= 4:
                 break
-            if crash_at is not None and sim.steps >= crash_at:
+            if crash_at is not None and bk.steps >= crash_at:
                 return True
-            sim.step()
+            bk.sim.step()
         else:
             raise AssertionError("adds in flight were never acknowledged")
-    sim.settle()
+    bk.sim.settle()
     return False
 
 
@@ -351,19 +296,22 @@ def test_sim_two_journals_checkpoint_trim_and_keep_each_ledger_in_its_journal(tm
     print(f"ZBK_SEED={seed}")
     acked: set[tuple[int, int]] = set()
     next_eid = dict.fromkeys(LEDGERS, 0)
-    sim = Sim(tmp_path, random.Random(seed), acked)
-    assert not _run(sim, next_eid, 300, None)
-    assert sim.checkpoints > 3 and sim.verify() > 1000
-    for i, ledgers in enumerate(sim.routed):
+    disk = SimDisk()
+    bk = TwoJournals(tmp_path, random.Random(seed), acked, disk)
+    assert not _run(bk, next_eid, 300, None)
+    assert bk.checkpoints > 3 and bk.sim.verify() > 1000
+    for i, ledgers in enumerate(bk.routed):
         assert ledgers == {lid for lid in LEDGERS if journal_index(lid, JOURNALS) == i}, (i, sorted(ledgers))
-    for i, ledgers in enumerate(sim.journal_ledgers()):  # what the segments kept since the last trim
+    for i, ledgers in enumerate(bk.journal_ledgers()):  # what the segments kept since the last trim
         assert all(journal_index(lid, JOURNALS) == i for lid in ledgers), (i, sorted(ledgers))
-    for i in range(JOURNALS):  # each journal was trimmed at its own checkpointed mark
-        mark = read_last_mark(str(tmp_path / "index"), journal=i)
-        assert mark.segment_id > 1 and list_segments(str(tmp_path / f"j{i}"))[0] <= mark.segment_id
-        assert list_segments(str(tmp_path / f"j{i}"))[0] > 1, f"journal {i} was never trimmed"
-    rebooted = Sim(tmp_path, random.Random(seed + 1), acked)
-    assert rebooted.verify() == len(acked)
+    index_dir = storage_dirs(tmp_path)[1]
+    for i, jdir in enumerate(journal_dirs(tmp_path, JOURNALS)):  # each journal trimmed at its own mark
+        mark = read_last_mark(index_dir, journal=i)
+        assert mark.segment_id > 1 and list_segments(jdir)[0] <= mark.segment_id
+        assert list_segments(jdir)[0] > 1, f"journal {i} was never trimmed"
+    bk.sim.crash()  # settled: nothing is in flight
+    rebooted = TwoJournals(tmp_path, random.Random(seed + 1), acked, disk)
+    assert rebooted.sim.verify() == len(acked)
 
 
 @pytest.mark.parametrize("index", range(6))
@@ -373,11 +321,13 @@ def test_sim_kill9_at_a_random_step_loses_no_acknowledged_entry_of_either_journa
     rng = random.Random(seed)
     acked: set[tuple[int, int]] = set()
     next_eid = dict.fromkeys(LEDGERS, 0)
-    sim = Sim(tmp_path, random.Random(seed), acked)
-    for crash in range(3):  # kill -9 (every object abandoned: unwritten journal buffers are lost), boot, again
-        crashed = _run(sim, next_eid, 1000, crash_at=sim.steps + rng.randrange(50, 2000))
+    disk = SimDisk()
+    bk = TwoJournals(tmp_path, random.Random(seed), acked, disk)
+    for crash in range(3):  # kill -9 (what the journals had not written yet is lost), boot, again
+        crashed = _run(bk, next_eid, 1000, crash_at=bk.steps + rng.randrange(50, 2000))
         assert crashed, "the run ended before its crash point"
-        sim = Sim(tmp_path, random.Random(seed + crash + 1), acked)
-        sim.verify()
-    assert not _run(sim, next_eid, 5, None)
-    assert sim.verify() == len(acked) > 0
+        bk.sim.crash()
+        bk = TwoJournals(tmp_path, random.Random(seed + crash + 1), acked, disk)
+        bk.sim.verify()
+    assert not _run(bk, next_eid, 5, None)
+    assert bk.sim.verify() == len(acked) > 0

@@ -1,15 +1,17 @@
 """The actor simulation: a bookie's real cores, joined by pipes, driven one message at a time.
 
-One bookie is the cores zbk/bookie/process.py wires together (``ServerCore``,
-``JournalCore``, ``EntryLoggerCore``, ``IndexCore``, and ``GcCore`` when a test asks for
-it) on real storage files under one directory. Each core is constructed with a
+One bookie is the cores zbk/bookie/process.py wires together (``ServerCore``, one
+``JournalCore`` per journal directory, ``EntryLoggerCore``, ``IndexCore``, and ``GcCore``
+when a test asks for it) on real storage files under one directory. Each core is constructed with a
 :class:`PipeOutbox` of its own, as the bookie constructs each with a ``SocketOutbox``
 (and the Server with the ``reply`` its answers go to): one FIFO per (sender, receiver),
 like the inproc PUSH/PULL pipes, which hand the message object itself to the receiver
 (zbk/actors/base.py). :meth:`BookieCores.step` delivers the
 head of one ready pipe, picked by a seeded generator, so every interleaving the real loops
-allow can happen; after it the journal commits with probability 0.3 while it holds
-records (its loop commits whenever a drain ends, and the drain may end after any message).
+allow can happen; after it each journal commits with probability 0.3 while it holds
+records (its loop commits whenever a drain ends, and the drain may end after any message);
+a test of what happens between the commits of several journals asks for rarer ones
+(``commit_probability``), which hold records longer.
 Ticks come from the caller's clock, at each core's own interval; the Server's are left
 out while they would do nothing (:meth:`BookieCores.server_has_tick_work`). Nothing reads
 the wall clock and no thread runs, so a run is a function of its seed (``ZBK_SEED``
@@ -31,8 +33,11 @@ Two drivers use the same cores:
 Booting (:func:`open_storage`) is the storage half of ``BookieBoot.boot``
 (zbk/bookie/boot.py): it notes an unclean
 shutdown (the dirty marker), opens the entry logs (sealing torn ones) and the index,
-replays the journal from the last mark (adds, master keys, fences, limbo, explicit LACs),
-checkpoints what replay rebuilt, and starts a new journal. :func:`phase_one` is BP-46
+replays every journal from its own last mark (adds, master keys, fences, limbo, explicit
+LACs), checkpoints what replay rebuilt, and opens the journals, all through zbk's own replay
+and checkpoint (zbk/bookie/replay.py). A bookie of ``journals=n`` has n journal directories
+named as the journal actors are (zbk/actors/journals.py: ``journal`` for one,
+``journal-0``, ``journal-1``, ... for several), and its cores are wired for n journals. :func:`phase_one` is BP-46
 phase one (fence and limbo every non-closed ledger that names this bookie, in the index,
 durably; a repair mark for each closed one lacking entries), :func:`publish_limbo_marks`
 the repair marks that ask for phase two, and :func:`ledger_states` the Server's view of
@@ -83,7 +88,9 @@ from zbk.actors.base import Core, Outbox, Reply
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
+from zbk.actors.journals import journal_name
 from zbk.actors.server import LedgerState, ServerCore
+from zbk.bookie.replay import checkpoint_after_replay, replay_journals
 from zbk.client.digest import make_digest, master_key
 from zbk.clock import Clock
 from zbk.errors import CorruptDataError
@@ -93,7 +100,7 @@ from zbk.metadata.store import MetadataStore, iter_prefix
 from zbk.storage import markers
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import EntryLogWriter
-from zbk.storage.journal import JournalWriter, RecordType, replay
+from zbk.storage.journal import JournalWriter
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.entry import build_entry, peek_entry_header
@@ -102,7 +109,7 @@ T0 = 1000.0  # the actor tests' clock starts here
 PASSWORD = b"gc-sim"
 MK = master_key(PASSWORD)
 DIGEST = make_digest("crc32c", PASSWORD)
-COMMIT_PROBABILITY = 0.3  # after a delivery, the journal commits what it holds with this probability
+COMMIT_PROBABILITY = 0.3  # after a delivery, each journal commits what it holds with this probability (default)
 
 
 def blob(lid: int, eid: int) -> bytes:
@@ -314,6 +321,7 @@ class BookieSettings:
     group_bytes_max: int = limits.journal_group_bytes_default  # [journal] buffered_writes_threshold_bytes
     group_wait_s: float = limits.journal_group_wait_ms_default / 1000.0  # [journal] max_group_wait_ms
     max_frame_bytes: int = limits.frame_bytes_max_default  # max_frame_bytes
+    journals: int = 1  # len(journal_dirs)
 
     @property
     def durable_adds(self) -> bool:
@@ -328,20 +336,26 @@ DEFAULT_SETTINGS = BookieSettings()
 class Storage:
     logs: EntryLogWriter
     cache: LedgerCache
-    journal: JournalWriter
+    journals: list[JournalWriter]  # journal i's records are those of ledgers with id % len == i
     unclean: bool  # the dirty marker was set: the last shutdown was not clean
-    replayed: int  # journal records replayed
+    replayed: int  # journal records replayed, of every journal
 
 
-def storage_dirs(root: Path) -> tuple[str, str, str]:
-    """The journal, ledger and index directories under ``root``."""
-    return str(root / "journal"), str(root / "ledgers"), str(root / "index")
+def journal_dirs(root: Path, journals: int = 1) -> list[str]:
+    """The journal directories under ``root``, named as their journal actors."""
+    return [str(root / journal_name(i, journals)) for i in range(journals)]
+
+
+def storage_dirs(root: Path) -> tuple[str, str]:
+    """The ledger and index directories under ``root``."""
+    return str(root / "ledgers"), str(root / "index")
 
 
 def open_storage(root: Path, settings: BookieSettings, disk: SimDisk, clock: Clock | None = None) -> Storage:
     """The storage half of ``BookieBoot.boot`` (see the module doc)."""
-    jdir, ldir, xdir = storage_dirs(root)
-    for d in (jdir, ldir, xdir):
+    jdirs = journal_dirs(root, settings.journals)
+    ldir, xdir = storage_dirs(root)
+    for d in (*jdirs, ldir, xdir):
         os.makedirs(d, exist_ok=True)
     unclean = markers.was_dirty(xdir)
     markers.mark_dirty(xdir, disk)
@@ -349,27 +363,11 @@ def open_storage(root: Path, settings: BookieSettings, disk: SimDisk, clock: Clo
     logs = EntryLogWriter([ldir], size_limit_bytes=settings.log_bytes, write_buffer_bytes=settings.write_buffer_bytes,
                           disk=disk, **extra)
     cache = LedgerCache([xdir], settings.cache_bytes, disk=disk)
-    n = 0
-    for rec, _ in replay(jdir, markers.read_last_mark(xdir)):
-        n += 1
-        if rec.type == RecordType.ADD:
-            cache.put(rec.ledger_id, rec.entry_id, logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-        elif rec.type == RecordType.FENCE:
-            cache.set_fenced(rec.ledger_id, True)
-        elif rec.type == RecordType.MASTER_KEY:
-            cache.set_master_key(rec.ledger_id, rec.payload)
-        elif rec.type == RecordType.LIMBO:
-            cache.set_limbo(rec.ledger_id, rec.entry_id == 1)
-        elif rec.type == RecordType.EXPLICIT_LAC:
-            cache.set_explicit_lac(rec.ledger_id, max(rec.entry_id, cache.get_explicit_lac(rec.ledger_id)))
-    journal = JournalWriter(jdir, settings.journal_segment_bytes, disk=disk,
-                            preallocate_bytes=settings.journal_preallocate_bytes)
-    logs.flush()
-    cache.flush()
-    mark = journal.sync(fsync=True)
-    markers.write_last_mark(xdir, mark, disk=disk)
-    journal.delete_segments_before(mark)
-    return Storage(logs, cache, journal, unclean, n)
+    n = replay_journals(jdirs, xdir, logs, cache)
+    journals = [JournalWriter(d, settings.journal_segment_bytes, disk=disk,
+                              preallocate_bytes=settings.journal_preallocate_bytes) for d in jdirs]
+    checkpoint_after_replay(journals, xdir, logs, cache, disk)
+    return Storage(logs, cache, journals, unclean, n)
 
 
 def phase_one(cache: LedgerCache, store: MetadataStore, bookie_id: str, *, fence: bool = True,
@@ -445,24 +443,30 @@ class BookieCores:
     builds a GcCore on this storage with the outbox it is given."""
 
     def __init__(self, root: Path, storage: Storage, settings: BookieSettings, disk: SimDisk, rng: random.Random,
-                 *, reply: Reply, now: float, gc: GcFactory | None = None, keep_delivered: bool = False) -> None:
+                 *, reply: Reply, now: float, gc: GcFactory | None = None, keep_delivered: bool = False,
+                 commit_probability: float = COMMIT_PROBABILITY) -> None:
         self.root, self.storage, self.settings, self.disk, self.rng = root, storage, settings, disk, rng
-        xdir = storage_dirs(root)[2]
+        self.commit_probability = commit_probability
+        xdir = storage_dirs(root)[1]
+        n = len(storage.journals)
+        assert n == settings.journals, (n, settings.journals)
         self.pipes: Pipes = collections.defaultdict(collections.deque)
         pipes = self.pipes
         self.server = ServerCore(ledgers=ledger_states(storage.cache, storage.logs),
                                  journal_write_data=settings.journal_write_data,
                                  max_frame_bytes=settings.max_frame_bytes, reply=reply,
-                                 outbox=PipeOutbox(pipes, "server"))
-        self.journal = JournalCore(storage.journal, outbox=PipeOutbox(pipes, "journal"),
-                                   sync_data=settings.journal_sync_data, group_bytes_max=settings.group_bytes_max,
-                                   group_wait_s=settings.group_wait_s)
+                                 outbox=PipeOutbox(pipes, "server"), journals=n)
+        self.journals = [JournalCore(writer, outbox=PipeOutbox(pipes, journal_name(i, n)),
+                                     sync_data=settings.journal_sync_data, group_bytes_max=settings.group_bytes_max,
+                                     group_wait_s=settings.group_wait_s, index=i, journals=n)
+                         for i, writer in enumerate(storage.journals)]
         self.index = IndexCore(storage.cache, outbox=PipeOutbox(pipes, "index"),
                                flush_interval_s=settings.flush_interval_s,
-                               persist_marks=lambda marks: markers.write_last_marks(xdir, marks, disk=disk))
+                               persist_marks=lambda marks: markers.write_last_marks(xdir, marks, disk=disk),
+                               journals=n)
         self.cores: dict[str, Core] = {
-            "server": self.server, "journal": self.journal, "index": self.index,
-            "entrylogger": EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"))}
+            "server": self.server, **{j.name: j for j in self.journals}, "index": self.index,
+            "entrylogger": EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"), journals=n)}
         if gc is not None:
             self.cores["gc"] = gc(storage, PipeOutbox(pipes, "gc"))
         self.next_tick = {n: now + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
@@ -472,8 +476,8 @@ class BookieCores:
         self.alive = True
 
     def busy(self) -> bool:
-        """A message waits in a pipe, or the journal holds records to commit."""
-        return bool(self.journal.pending) or any(self.pipes.values())
+        """A message waits in a pipe, or a journal holds records to commit."""
+        return any(j.pending for j in self.journals) or any(self.pipes.values())
 
     # -- ticks ------------------------------------------------------------------------------
     # The Server ticks every 50 ms, and ServerCore.on_tick does two things only: send the
@@ -528,7 +532,7 @@ class BookieCores:
         self._server_may_have_work(now)
 
     def step(self, now: float) -> None:
-        """Deliver the head of one ready pipe (picked by the generator); then the journal
+        """Deliver the head of one ready pipe (picked by the generator); then each journal
         may commit (see the module doc)."""
         ready = [key for key, q in self.pipes.items() if q]
         if ready:
@@ -541,8 +545,9 @@ class BookieCores:
                 self.before_delivery(key[1], msg)
             self.cores[key[1]].on_message(msg, now)
             self._server_may_have_work(now)
-        if self.journal.pending and self.rng.random() < COMMIT_PROBABILITY:
-            self.journal.commit()
+        for journal in self.journals:  # each journal's loop ends its drains on its own
+            if journal.pending and self.rng.random() < self.commit_probability:
+                journal.commit()
 
     def settle(self, now: float, steps_max: int = 100_000) -> None:
         """Deliver until nothing is left to deliver or commit, at ``now``."""
@@ -562,7 +567,7 @@ class BookieCores:
         self.alive = False
         self.disk.kill()
         st = self.storage
-        for close in (st.logs.close, st.journal.close, st.cache.close):
+        for close in (st.logs.close, *(j.close for j in st.journals), st.cache.close):
             try:
                 close()
             except OSError:
@@ -600,12 +605,13 @@ class BookieCores:
 
 
 def boot_cores(root: Path, settings: BookieSettings, disk: SimDisk, rng: random.Random, *, reply: Reply, now: float,
-               clock: Clock | None = None, gc: GcFactory | None = None, keep_delivered: bool = False) -> BookieCores:
+               clock: Clock | None = None, gc: GcFactory | None = None, keep_delivered: bool = False,
+               commit_probability: float = COMMIT_PROBABILITY) -> BookieCores:
     """Boot the storage under ``root`` (no phase one) and start the cores on it."""
     disk.revive()
     storage = open_storage(root, settings, disk, clock)
     return BookieCores(root, storage, settings, disk, rng, reply=reply, now=now, gc=gc,
-                       keep_delivered=keep_delivered)
+                       keep_delivered=keep_delivered, commit_probability=commit_probability)
 
 
 # -- one bookie on its own clock ----------------------------------------------------------------------
@@ -619,15 +625,17 @@ class Sim:
 
     def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]], *,
                  settings: BookieSettings = DEFAULT_SETTINGS, gc: GcFactory | None = None,
-                 keep_delivered: bool = True, disk: SimDisk | None = None) -> None:
+                 keep_delivered: bool = True, disk: SimDisk | None = None,
+                 commit_probability: float = COMMIT_PROBABILITY) -> None:
         self.root, self.rng, self.acked = root, rng, acked
         self.now = T0
         self.disk = disk or SimDisk()
         self.replies: list[Any] = []
         self.bookie = boot_cores(root, settings, self.disk, rng, now=T0, gc=gc, keep_delivered=keep_delivered,
+                                 commit_probability=commit_probability,
                                  clock=VirtualClock(lambda: self.now),
                                  reply=lambda _ident, frames: self.replies.append(decode_response(frames)))
-        self.server, self.jcore = self.bookie.server, self.bookie.journal
+        self.server = self.bookie.server
         self.logs, self.cache = self.bookie.storage.logs, self.bookie.storage.cache
         self.waiting: dict[int, Callable[[Any], None]] = {}
         self.rid = 0
