@@ -111,6 +111,25 @@ def test_other_components_validate():
     assert AutoRecoveryConfig(metadata_uri="sqlite:///m.db").validate().http_port == 8100
 
 
+def test_placement_keys():
+    """A bookie's rack, zone and isolation group; a client's placement policy (defaults as
+    BookKeeper's: 2 racks per write set, not enforced, no isolation)."""
+    cfg = load(BookieConfig, overrides=["data_dir=/tmp/zbk-x", "metadata_uri=sqlite:///m.db", "rack=r1", "zone=z1",
+                                        "isolation_group=gold"]).validate()
+    assert (cfg.rack, cfg.zone, cfg.isolation_group) == ("r1", "z1", "gold")
+    with pytest.raises(ConfigError, match="isolation_group is one group"):
+        _base(isolation_group="gold,silver").validate()
+    client = ClientConfig().validate()
+    assert (client.min_racks_per_write_quorum, client.enforce_min_racks_per_write_quorum,
+            client.isolation_groups) == (2, False, ())
+    assert with_settings(client, {"isolation_groups": ["gold", "silver"]}, source="t").isolation_groups == (
+        "gold", "silver")
+    for bad in (dict(min_racks_per_write_quorum=0), dict(min_racks_per_write_quorum=65),
+                dict(isolation_groups=("",)), dict(isolation_groups=("a,b",))):
+        with pytest.raises(ConfigError):
+            ClientConfig(**bad).validate()
+
+
 @pytest.mark.parametrize("text, cpus", [("", set()), ("0", {0}), ("0-1", {0, 1}), (" 0 , 0-0 ", {0})])
 def test_actor_cpus_takes_a_cpu_list(text, cpus):
     assert _base(actor_cpus=text).validate().actor_cpu_set() == cpus

@@ -77,7 +77,8 @@ class UnauthorizedError(ZbkError):
 
 
 class NotEnoughBookiesError(ZbkError):
-    """Fewer writable bookies are registered than the ensemble needs."""
+    """Fewer writable bookies are registered than the ensemble needs, or too few of them
+    meet the placement policy (isolation groups, an enforced minimum of racks)."""
 
     code = "NOT_ENOUGH_BOOKIES"
     http_status = 503

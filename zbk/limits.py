@@ -220,6 +220,13 @@ client_sync_read_entries_max = 1000  # entries one read of the blocking client's
 # client looks at its writers every half interval; below 10 ms that would be a busy timer.
 client_explicit_lac_interval_ms_default = 0
 client_explicit_lac_interval_ms_min = 10
+# Placement (zbk/client/placement.py). BookKeeper's minNumRacksPerWriteQuorum defaults to 2
+# racks per write set, not enforced: a cluster without racks still creates ledgers.
+client_min_racks_per_write_quorum_default = 2
+# Assignments the placement search tries before it gives up on one target (racks and zones
+# per write set) and tries the next weaker one: an ensemble of 64 bookies over a few racks
+# is placed in a few hundred; the bound keeps an unsatisfiable target from searching for long.
+placement_search_steps_max = 20_000
 
 # Latency histogram buckets (bookie and client), 100 us to 10 s: an fsync-bound add on SSD is
 # ~0.2-5 ms. Here, not in zbk.metrics.bookie, so that a client process does not create (and

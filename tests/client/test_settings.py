@@ -26,8 +26,8 @@ _VALID_OTHER = {"explicit_lac_interval_ms": 200}  # 0 is off, and on means at le
 def test_async_client_takes_every_field_as_a_keyword() -> None:
     for f in dataclasses.fields(ClientConfig):
         default = getattr(ClientConfig(), f.name)
-        if isinstance(default, int):
-            value = _VALID_OTHER.get(f.name, default + 1)
+        if isinstance(default, (bool, int)):
+            value = not default if isinstance(default, bool) else _VALID_OTHER.get(f.name, default + 1)
             bk = zbk.AsyncBookKeeper("sqlite:///unused.db", **{f.name: value})
             assert getattr(bk.config, f.name) == value, f.name
     bk = zbk.AsyncBookKeeper("sqlite:///unused.db", add_timeout_ms=1234, read_timeout_ms=567)

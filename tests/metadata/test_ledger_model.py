@@ -163,6 +163,14 @@ def test_registration_and_cookie_formats_are_versioned() -> None:
     raw = cbor2.loads(reg.encode())
     with pytest.raises(CorruptMetadataError, match="format version 9"):
         BookieRegistration.decode(cbor2.dumps({**raw, "fv": 9}))
+    # Zone and isolation group: written only when set, so a registration without them is
+    # what older bookies write, and theirs (no "zn", "ig") decodes with both empty.
+    placed = dataclasses.replace(reg, zone="z1", isolation_group="gold")
+    assert BookieRegistration.decode(placed.encode()) == placed
+    assert "zn" not in raw and "ig" not in raw
+    assert cbor2.loads(placed.encode()) == {**raw, "zn": "z1", "ig": "gold"}
+    with pytest.raises(CorruptMetadataError, match="zn"):
+        BookieRegistration.decode(cbor2.dumps({**raw, "zn": 3}))
     cookie = Cookie.new("h:1", "inst", journal_dirs=["/j"], ledger_dirs=["/l"], index_dirs=["/l"])
     assert Cookie.decode(cookie.encode()) == cookie
     with pytest.raises(CorruptMetadataError, match="local cookie"):

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from typing import Any
 
 from zbk import limits
@@ -38,15 +38,20 @@ log = logging.getLogger(__name__)
 
 
 class _Placement:
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, policy: placement.PlacementPolicy) -> None:
         self.rng = rng
+        self.policy = policy  # this client's, for the ledgers it creates
 
-    def choose_ensemble(self, bookies: list[BookieRegistration], size: int) -> list[str]:
-        return placement.choose_ensemble(bookies, size, rng=self.rng)
+    def choose_ensemble(self, bookies: list[BookieRegistration], size: int, write_quorum: int) -> list[str]:
+        return placement.choose_ensemble(bookies, size, write_quorum=write_quorum, policy=self.policy, rng=self.rng)
 
-    def choose_replacement(self, bookies: list[BookieRegistration], ensemble: list[str], index: int, *,
-                           exclude: Set[str]) -> str:
-        return placement.choose_replacement(bookies, ensemble, index, exclude=exclude, rng=self.rng)
+    def replace(self, bookies: list[BookieRegistration], md: LedgerMetadata, ensemble: list[str],
+                positions: Sequence[int], *, exclude: Set[str]) -> list[str]:
+        # The ledger's own policy, not this client's: a reader recovering another client's
+        # ledger keeps it where its creator put it.
+        return placement.choose_replacements(bookies, ensemble, positions, write_quorum=md.write_quorum,
+                                             policy=placement.PlacementPolicy.of_ledger(md), exclude=exclude,
+                                             rng=self.rng)
 
 
 class ClientContext:
@@ -57,7 +62,7 @@ class ClientContext:
         self.ledgers = LedgerStore(store)
         self.transport = transport
         self.config = config
-        self.placement = _Placement(rng)
+        self.placement = _Placement(rng, placement.PlacementPolicy.of_config(config))
         self.add_timeout_s = config.add_timeout_ms / 1000
         self.read_timeout_s = config.read_timeout_ms / 1000
         self.speculative_read_s = config.speculative_read_ms / 1000
@@ -182,12 +187,14 @@ class AsyncBookKeeper:
                             custom_metadata: dict[str, bytes] | None = None,
                             deferred_sync: bool = False) -> LedgerHandle:
         ctx = self._ctx()
+        # The policy goes into the ledger's custom metadata (placement.POLICY_KEY), so that
+        # whoever replaces its bookies later holds it to the same rules.
+        custom = ctx.placement.policy.record({k: bytes(v) for k, v in (custom_metadata or {}).items()})
         bookies = await ctx.writable_bookies()
-        chosen = ctx.placement.choose_ensemble(bookies, ensemble)
+        chosen = ctx.placement.choose_ensemble(bookies, ensemble, write_quorum)
         md = LedgerMetadata(ledger_id=0, ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
                             digest=digest, password=bytes(password), fragments=((0, tuple(chosen)),),
-                            custom_metadata={k: bytes(v) for k, v in (custom_metadata or {}).items()},
-                            ctime_ms=int(time.time() * 1000)).validate()
+                            custom_metadata=custom, ctime_ms=int(time.time() * 1000)).validate()
         md, version = await asyncio.to_thread(ctx.ledgers.create, md)
         return LedgerHandle(ctx, md, version, bytes(password), deferred_sync=deferred_sync)
 

@@ -21,10 +21,14 @@ WriteSet = tuple[tuple[tuple[str, int], ...], int]
 
 
 class Placement(Protocol):
-    def choose_ensemble(self, bookies: list[BookieRegistration], size: int) -> list[str]: ...
+    """The client's placement (zbk.client.placement) with its policy and random source."""
 
-    def choose_replacement(self, bookies: list[BookieRegistration], ensemble: list[str], index: int, *,
-                           exclude: Set[str]) -> str: ...
+    def choose_ensemble(self, bookies: list[BookieRegistration], size: int, write_quorum: int) -> list[str]: ...
+
+    def replace(self, bookies: list[BookieRegistration], md: LedgerMetadata, ensemble: list[str],
+                positions: Sequence[int], *, exclude: Set[str]) -> list[str]:
+        """``ensemble`` with new bookies at ``positions``, under ``md``'s own policy."""
+        ...
 
 
 class AddScheduler(Protocol):

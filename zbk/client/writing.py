@@ -333,12 +333,10 @@ class LedgerHandle(ReadHandle):
     async def _change_once(self) -> None:
         bookies = await self.ctx.writable_bookies()
         ensemble = list(self.md.last_ensemble)
-        replaced = []
+        positions = [i for i, b in enumerate(ensemble) if b in self._to_replace]
+        replaced = [ensemble[i] for i in positions]
         try:
-            for i, b in enumerate(ensemble):
-                if b in self._to_replace:
-                    ensemble[i] = self.ctx.placement.choose_replacement(bookies, ensemble, i, exclude=self._to_replace)
-                    replaced.append(b)
+            ensemble = self.ctx.placement.replace(bookies, self.md, ensemble, positions, exclude=self._to_replace)
         except NotEnoughBookiesError:
             # No spare bookie, but the silent one may just be fenced by a recovering reader:
             # then the writer must learn that it lost the ledger, not that bookies are short.

@@ -39,7 +39,11 @@ class BookieConfig:
     journal_dirs: tuple[str, ...] = ()  # default: <data_dir>/journal
     ledger_dirs: tuple[str, ...] = ()  # default: <data_dir>/ledgers
     index_dirs: tuple[str, ...] = ()  # default: <data_dir>/index
+    # Where the bookie stands, for placement (zbk/client/placement.py): a rack lies in one
+    # zone, and a bookie belongs to at most one isolation group ("": none).
     rack: str = ""
+    zone: str = ""
+    isolation_group: str = ""
     auto_fix_cookie: bool = False
     registration_ttl_s: int = limits.metadata_lease_ttl_s_default
     max_frame_bytes: int = limits.frame_bytes_max_default
@@ -84,6 +88,9 @@ class BookieConfig:
         if ":" not in cfg.bookie_id:
             raise ConfigError(f"bookie_id must be host:port, got {cfg.bookie_id!r}")
         positive("registration_ttl_s", cfg.registration_ttl_s)
+        if "," in cfg.isolation_group:
+            # Clients name groups as a comma-separated list (--set isolation_groups=a,b).
+            raise ConfigError(f"isolation_group is one group name (no commas), got {cfg.isolation_group!r}")
         if not 1024 <= cfg.max_frame_bytes <= limits.frame_bytes_max_ceiling:
             raise ConfigError(f"max_frame_bytes must be in [1024, {limits.frame_bytes_max_ceiling}]")
         cfg.actor_cpu_set()

@@ -21,6 +21,13 @@ class ClientConfig:
     heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
     # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/client.md.
     explicit_lac_interval_ms: int = limits.client_explicit_lac_interval_ms_default
+    # Placement (docs/client.md, "Placement"): each write set spans at least this many racks
+    # (or WQ, if fewer); enforced, creation and ensemble changes fail with NotEnoughBookies
+    # rather than place a ledger short of it. Non-empty isolation_groups: only bookies of
+    # these groups hold this client's ledgers.
+    min_racks_per_write_quorum: int = limits.client_min_racks_per_write_quorum_default
+    enforce_min_racks_per_write_quorum: bool = False
+    isolation_groups: tuple[str, ...] = ()
     curve_server_keys_dir: str = ""  # per-bookie public keys: <host>_<port>.key, or server.key
     curve_server_public_key_file: str = ""  # one public key for every bookie
     curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
@@ -38,6 +45,12 @@ class ClientConfig:
         lac_ms, lac_ms_min = self.explicit_lac_interval_ms, limits.client_explicit_lac_interval_ms_min
         if lac_ms != 0 and lac_ms < lac_ms_min:
             raise ConfigError(f"explicit_lac_interval_ms must be 0 (off) or >= {lac_ms_min}, got {lac_ms!r}")
+        if not 1 <= self.min_racks_per_write_quorum <= limits.ledger_ensemble_size_max:
+            raise ConfigError(f"min_racks_per_write_quorum must be in [1, {limits.ledger_ensemble_size_max}], "
+                              f"got {self.min_racks_per_write_quorum!r}")
+        for group in self.isolation_groups:
+            if not isinstance(group, str) or not group or "," in group:
+                raise ConfigError(f"isolation_groups: a group is a non-empty name without commas, got {group!r}")
         server_key = bool(self.curve_server_public_key_file or self.curve_server_keys_dir)
         if bool(self.curve_secret_key_file) != server_key:
             raise ConfigError("CURVE: curve_secret_key_file goes with curve_server_public_key_file "

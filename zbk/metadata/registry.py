@@ -7,6 +7,8 @@ bookie's lease), CBOR map, format version 1::
     fv int   format version (1)
     id text  bookie id (host:port of its wire socket)
     rk text  rack ("" if unknown)
+    zn text  zone ("" if unknown); optional, absent in registrations of older bookies
+    ig text  isolation group ("" if none); optional, as ``zn``
     hu text  URL of its HTTP endpoint ("" if none)
     st text  writable | readonly (must match the key's directory)
     zv text  zbk version of the bookie
@@ -93,6 +95,8 @@ class BookieRegistration:
     rack: str = ""
     http_url: str = ""
     state: BookieState = "writable"
+    zone: str = ""
+    isolation_group: str = ""
     zbk_version: str = __version__
     protocol_version: int = limits.PROTOCOL_VERSION
 
@@ -102,8 +106,15 @@ class BookieRegistration:
 
     def encode(self) -> bytes:
         assert self.state in ("writable", "readonly"), self.state
-        return cbor2.dumps({"fv": REGISTRATION_FORMAT, "id": self.bookie_id, "rk": self.rack, "hu": self.http_url,
-                            "st": self.state, "zv": self.zbk_version, "pv": self.protocol_version})
+        raw: dict[str, Any] = {"fv": REGISTRATION_FORMAT, "id": self.bookie_id, "rk": self.rack, "hu": self.http_url,
+                               "st": self.state, "zv": self.zbk_version, "pv": self.protocol_version}
+        # Written only when set, so that a registration without them is byte for byte what
+        # older bookies write; readers take an absent key as "".
+        if self.zone:
+            raw["zn"] = self.zone
+        if self.isolation_group:
+            raw["ig"] = self.isolation_group
+        return cbor2.dumps(raw)
 
     @classmethod
     def decode(cls, data: bytes, *, bookie_id: str | None = None) -> BookieRegistration:
@@ -118,7 +129,9 @@ class BookieRegistration:
                 raise TypeError("pv: expected int")
             reg = cls(bookie_id=_text(raw, "id"), rack=_text(raw, "rk"), http_url=_text(raw, "hu"),
                       state="readonly" if state == "readonly" else "writable",
-                      zbk_version=_text(raw, "zv"), protocol_version=pv)
+                      zbk_version=_text(raw, "zv"), protocol_version=pv,
+                      zone=_text(raw, "zn") if "zn" in raw else "",
+                      isolation_group=_text(raw, "ig") if "ig" in raw else "")
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptMetadataError(f"{what}: malformed ({e})") from None
         if bookie_id is not None and reg.bookie_id != bookie_id:

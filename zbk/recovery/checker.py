@@ -9,9 +9,12 @@ the last, which its writer is still filling) and each replica of it that is regi
 * read probes: the fragment's first and last entries the bookie should hold, read from it
   and checked with the ledger's digest — catches data the index still lists but the disk
   lost or damaged (a corrupt entry log).
-* placement: with more than one rack among registered bookies, every write set (WQ
-  consecutive ensemble members) should span at least two racks. Violations are counted and
-  logged (moving data to fix placement is an operator's decision).
+* placement: each fragment (an open ledger's last one too) against the ledger's own
+  placement policy, the one it was created with (zbk/client/placement.py): members
+  outside its isolation groups; with racks in use, write sets (WQ consecutive ensemble
+  members) on fewer racks than its minimum; with several zones, write sets within one
+  zone. Fragments that break it are counted and logged (moving data to fix placement is
+  an operator's decision).
 
 A damaged replica gets an in-place repair mark (``why = "check"``), which a replicator
 worker repairs from the other replicas. Unregistered bookies are skipped: the lost-bookie
@@ -29,9 +32,10 @@ from dataclasses import dataclass, field
 from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest
+from zbk.client.placement import PlacementPolicy, placement_violations
 from zbk.errors import CorruptMetadataError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
-from zbk.metadata.registry import LedgerStore, list_bookies
+from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
 from zbk.recovery import metrics as rm
 from zbk.recovery.copier import list_entries, positions_held, read_checked
 from zbk.recovery.repair import held
@@ -51,16 +55,6 @@ class CheckReport:
     seconds: float = 0.0
 
 
-def write_set_racks_ok(ensemble: tuple[str, ...], wq: int, rack_of: dict[str, str]) -> bool:
-    """Does every write set of ``ensemble`` span at least two racks?"""
-    n = len(ensemble)
-    for start in range(n):
-        racks = {rack_of.get(ensemble[(start + k) % n], "") for k in range(min(wq, n))}
-        if len(racks) < 2:
-            return False
-    return True
-
-
 class LedgerChecker:
     def __init__(self, ctx: ClientContext, registry: UnderReplicationRegistry, *,
                  stop: threading.Event | None = None) -> None:
@@ -74,9 +68,7 @@ class LedgerChecker:
         report = CheckReport()
         regs = await asyncio.to_thread(lambda: list_bookies(self.ctx.store) +
                                        list_bookies(self.ctx.store, readonly=True))
-        rack_of = {r.bookie_id: r.rack for r in regs}
-        registered = set(rack_of)
-        multi_rack = len(set(rack_of.values())) > 1
+        registered = {r.bookie_id: r for r in regs}
         ids = await asyncio.to_thread(lambda: list(self.ledgers.list_ids()))
         sem = asyncio.Semaphore(limits.checker_ledgers_in_flight_max)
 
@@ -84,7 +76,7 @@ class LedgerChecker:
             async with sem:
                 if self.stop.is_set():
                     return
-                await self.check_ledger(lid, registered, rack_of if multi_rack else None, report)
+                await self.check_ledger(lid, registered, report)
         await asyncio.gather(*(one(lid) for lid in ids))
         for lid, bookie, what in report.damaged:
             if await asyncio.to_thread(self.registry.mark_repair, lid, bookie, "check", what):
@@ -100,26 +92,33 @@ class LedgerChecker:
                  report.placement_violations, report.unreachable, report.seconds)
         return report
 
-    async def check_ledger(self, lid: int, registered: set[str], rack_of: dict[str, str] | None,
-                           report: CheckReport) -> None:
+    async def check_ledger(self, lid: int, registered: dict[str, BookieRegistration], report: CheckReport) -> None:
         try:
             md, _ = await self.ctx.read_metadata(lid)
         except (NoSuchLedgerError, CorruptMetadataError):
             return  # deleted meanwhile; corrupt metadata is reported by its readers
         report.ledgers += 1
+        try:
+            policy: PlacementPolicy | None = PlacementPolicy.of_ledger(md)
+        except CorruptMetadataError as e:
+            policy = None
+            log.warning("check: %s; placement not checked", e)
         digest = self.ctx.digest_for(md.digest, md.password)
         lists: dict[str, EntryRanges | None] = {}
         hurt: dict[str, str] = {}
         for index, (first, ensemble) in enumerate(md.fragments):
-            if not md.is_closed and index == len(md.fragments) - 1:
-                continue
             last = md.fragment_end(index)
             if last < first:
                 continue
-            report.fragments += 1
-            if rack_of is not None and not write_set_racks_ok(ensemble, md.write_quorum, rack_of):
+            # Placement is known for every fragment, the one a writer is filling too.
+            broken = placement_violations(ensemble, md.write_quorum, policy, registered) if policy is not None else []
+            if broken:
                 report.placement_violations += 1
-                log.warning("check: ledger %d fragment %d: a write set of %s spans one rack", lid, first, ensemble)
+                log.warning("check: ledger %d fragment %d breaks its placement policy: %s", lid, first,
+                            "; ".join(broken))
+            if not md.is_closed and index == len(md.fragments) - 1:
+                continue
+            report.fragments += 1
             for position, bookie in enumerate(ensemble):
                 if bookie not in registered or bookie in hurt:
                     continue

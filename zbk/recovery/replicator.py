@@ -224,7 +224,10 @@ class Replicator:
         first, ensemble = md.fragments[index]
         position = ensemble.index(old)
         writable = await self.ctx.writable_bookies()
-        new = placement.choose_replacement(writable, list(ensemble), position, exclude=lost, rng=self.rng)
+        # Under the ledger's own policy: an isolated ledger's copies stay in its groups.
+        new = placement.choose_replacement(writable, list(ensemble), position, write_quorum=md.write_quorum,
+                                           policy=placement.PlacementPolicy.of_ledger(md), exclude=lost,
+                                           rng=self.rng)
         last = md.fragment_end(index)
         # An open last fragment has no end yet; replicate_ledger recovers (closes) such a
         # ledger before it gets here, so this would be a bug, not a state to copy from.

@@ -24,9 +24,10 @@ def _listbookies(args: argparse.Namespace) -> None:
     from zbk.metadata.registry import list_bookies
 
     regs = list_bookies(open_metadata(args), readonly=args.readonly)
-    data = [{"id": r.bookie_id, "state": r.state, "rack": r.rack, "http": r.http_url} for r in regs]
-    out(args, data, lambda d: rows(["bookie", "state", "rack", "http"],
-                                   [[x["id"], x["state"], x["rack"], x["http"]] for x in d]))
+    data = [{"id": r.bookie_id, "state": r.state, "rack": r.rack, "zone": r.zone, "group": r.isolation_group,
+             "http": r.http_url} for r in regs]
+    out(args, data, lambda d: rows(["bookie", "state", "rack", "zone", "group", "http"],
+                                   [[x["id"], x["state"], x["rack"], x["zone"], x["group"], x["http"]] for x in d]))
 
 
 def _listledgers_args(p: argparse.ArgumentParser) -> None:
