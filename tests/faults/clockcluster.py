@@ -18,17 +18,19 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
+from helpers.etcd import ETCD_BIN, FAST_TIMING
 from helpers.procs import free_port, start_process, stop_process, tail
 
 from faults.faketime import FakeTime
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_SCRIPT = Path(__file__).with_name("clockclient.py")
-# As helpers.bookie: short registration leases, GC out of the way.
-BOOKIE_SETTINGS: dict[str, object] = {"registration_ttl_s": 2, "disk_check_interval_ms": 1000,
+# Short registration leases (yet not so short that a starved machine loses them), GC out of the way.
+BOOKIE_SETTINGS: dict[str, object] = {"registration_ttl_s": 4, "disk_check_interval_ms": 1000,
                                       "gc_wait_time_ms": 3_600_000}
 
 
@@ -72,6 +74,38 @@ class Node:
     def http(self, port: int, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
             return str(resp.read().decode())
+
+
+class EtcdNode(Node):
+    """A one-member etcd (libfaketime does not reach it: a Go program reads the clock
+    without libc; test_clock_faketime.py shows it)."""
+
+    def __init__(self, root: Path, name: str, clock: FakeTime | None) -> None:
+        self.client_port, peer_port = free_port(), free_port()
+        client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{peer_port}"
+        argv = [ETCD_BIN, "--name", name, "--data-dir", str(root / f"{name}.etcd"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"{name}={peer}", "--initial-cluster-token", uuid.uuid4().hex,
+                "--heartbeat-interval", str(FAST_TIMING[0]), "--election-timeout", str(FAST_TIMING[1]),
+                "--logger", "zap", "--log-level", "warn"]
+        super().__init__(root, name, argv, clock)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if json.loads(self.http(self.client_port, "/health")).get("health") == "true":
+                    return
+            except (OSError, ValueError):
+                pass
+            if not self.alive or time.monotonic() > deadline:
+                raise AssertionError(f"etcd not healthy:\n{tail(self.log, 20)}")
+            time.sleep(0.1)
 
 
 class BookieNode(Node):
@@ -162,11 +196,22 @@ class ClientSession:
 
 
 class ClockCluster:
-    def __init__(self, root: Path, uri: str) -> None:
+    """Processes of one cluster; ``uri`` is the embedded store's, or set by :meth:`etcd`."""
+
+    def __init__(self, root: Path, uri: str = "") -> None:
         self.root = root
         self.uri = uri
         self.nodes: list[Node] = []
         self.sessions: list[ClientSession] = []
+
+    def etcd(self, name: str, clock: FakeTime | None = None) -> EtcdNode:
+        """A one-member etcd; the cluster's metadata URI becomes a fresh scope on it."""
+        node = EtcdNode(self.root, name, clock)
+        self.nodes.append(node)
+        node.start()
+        node.wait_healthy()
+        self.uri = f"etcd://{node.endpoint}/clock{uuid.uuid4().hex[:8]}"
+        return node
 
     def bookie(self, name: str, clock: FakeTime | None = None, **settings: object) -> BookieNode:
         node = BookieNode(self.root, self.uri, name, clock, settings)
@@ -199,7 +244,7 @@ class ClockCluster:
     def stop_all(self) -> None:
         for s in self.sessions:
             s.close()
-        for n in self.nodes:
+        for n in reversed(self.nodes):  # etcd last
             if n.alive:
                 n.stop(kill=True)
 
@@ -207,16 +252,19 @@ class ClockCluster:
 class LeaderWatch:
     """Samples ``zbk_auditor_is_leader`` of every autorecovery process every ``interval_s``.
 
-    A sample that finds two leaders asks them again at once: a hand-over between two reads
-    of one round (the old leader stops leading before its key is deleted, and only then can
+    A span of leadership starts at the first sample that finds a process leading and ends at
+    its last such sample before one that finds it not leading (or not answering: dead). A
+    sample that finds two leaders asks them again at once: a hand-over between two reads of
+    one round (the old leader stops leading before its key is deleted, and only then can
     another be elected) is not an overlap; two that still both lead are."""
 
-    def __init__(self, nodes: list[AutoRecoveryNode], interval_s: float = 0.05) -> None:
+    def __init__(self, nodes: list[AutoRecoveryNode], interval_s: float = 0.1) -> None:
         self.nodes = nodes
         self.interval_s = interval_s
         self.spans: dict[str, list[list[float]]] = {n.name: [] for n in nodes}  # name -> [start, end] led
         self.overlaps: list[tuple[float, list[str]]] = []
         self.samples = 0
+        self._open: set[str] = set()  # names whose last span is still open
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader-watch", daemon=True)
 
@@ -241,13 +289,13 @@ class LeaderWatch:
                     self.overlaps.append((now, leaders))
             self.samples += 1
             for name in leaders:
-                spans = self.spans[name]
-                if spans and now - spans[-1][1] <= 4 * self.interval_s + 1.0:
-                    spans[-1][1] = now
+                if name in self._open:
+                    self.spans[name][-1][1] = now
                 else:
-                    spans.append([now, now])
+                    self.spans[name].append([now, now])
+            self._open = set(leaders)
 
     def leaders_seen(self) -> list[str]:
-        """Who led, in the order they started leading."""
+        """Who led, in the order they started leading (a name once per span)."""
         starts = sorted((span[0], name) for name, spans in self.spans.items() for span in spans)
         return [name for _, name in starts]

@@ -1,6 +1,7 @@
 """The clock-fault layer itself (faults.faketime), before any zbk test trusts it: what
 libfaketime moves in a Python process and what it leaves alone, that a step reaches a
-running process at once, and that etcd (a Go program) is out of its reach."""
+running process at once, and that etcd (a Go program) is out of its reach. Also the
+leader watch of the clock tests (faults.clockcluster), shown to see two leaders."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from helpers.etcd import ETCD_BIN
 from helpers.procs import free_port, start_process, stop_process
 
+from faults.clockcluster import LeaderWatch
 from faults.faketime import FakeTime
 
 # Reports its clocks, then the time a sleep, a timed wait and a select take (real seconds,
@@ -100,3 +102,30 @@ def test_etcd_keeps_the_real_time_under_libfaketime(tmp_path: Path) -> None:
         assert before - 5 <= stamps[0] <= time.time() + 5, (before, stamps[0])
     finally:
         stop_process(proc, kill=True)
+
+
+class _Node:
+    """Stands in for an AutoRecoveryNode: what LeaderWatch reads of one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+        self.leading = False
+
+    def metric(self, name: str) -> float | None:
+        assert name == "zbk_auditor_is_leader"
+        return 1.0 if self.leading else 0.0
+
+
+def test_the_leader_watch_sees_a_hand_over_and_an_overlap() -> None:
+    a, b = _Node("a"), _Node("b")
+    with LeaderWatch([a, b], interval_s=0.01) as watch:  # type: ignore[list-item]
+        a.leading = True
+        time.sleep(0.2)
+        a.leading, b.leading = False, True  # a hand-over
+        time.sleep(0.2)
+        assert watch.overlaps == []
+        a.leading = True  # two leaders
+        time.sleep(0.2)
+    assert watch.leaders_seen() == ["a", "b", "a"]
+    assert watch.overlaps and all(names == ["a", "b"] for _, names in watch.overlaps)

@@ -29,7 +29,7 @@ from helpers.wait import wait_until
 from faults.clockcluster import ClockCluster, LeaderWatch
 from faults.faketime import FakeTime
 
-AUTORECOVERY = {"lease_ttl_s": 3, "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_s": 1,
+AUTORECOVERY = {"lease_ttl_s": 6, "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_s": 1,
                 "auditor_periodic_check_interval_s": 3600}
 
 
@@ -64,8 +64,8 @@ def test_a_step_of_the_host_clock_changes_nothing(cluster: ClockCluster, tmp_pat
         leader = state()["leader"]
         time.sleep(1.0)
 
-        host.jump(+600)  # 1. forward, beyond every TTL (2 s bookies, 3 s autorecovery)
-        time.sleep(4.0)
+        host.jump(+600)  # 1. forward, beyond every TTL (4 s bookies, 6 s autorecovery)
+        time.sleep(7.0)  # longer than every TTL
         after = state()
         assert after["writable"] == ids and after["leader"] == leader, (after, cluster.logs())
         assert not after["underreplicated"], after
