@@ -25,7 +25,7 @@ from typing import Any
 from helpers.etcd import ETCD_BIN, FAST_TIMING
 from helpers.procs import free_port, start_process, stop_process, tail
 
-from faults.faketime import FakeTime
+from faults.faketime import FakeTime, release
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_SCRIPT = Path(__file__).with_name("clockclient.py")
@@ -49,6 +49,7 @@ class Node:
         self.clock = clock
         self.log = root / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pids: list[int] = []  # every process started, for release() of its libfaketime files
 
     def env(self) -> dict[str, str]:
         return base_env() if self.clock is None else self.clock.env(base_env())
@@ -56,6 +57,7 @@ class Node:
     def start(self) -> Node:
         assert self.proc is None or self.proc.poll() is not None, f"{self.name} is running"
         self.proc = start_process(self.argv, self.log, env=self.env(), cwd=REPO)
+        self.pids.append(self.proc.pid)
         return self
 
     @property
@@ -66,6 +68,7 @@ class Node:
         if self.proc is None:
             return None
         stop_process(self.proc, timeout_s=20.0, kill=kill)
+        release(self.proc.pid)
         return self.proc.returncode
 
     def log_text(self) -> str:
@@ -193,6 +196,7 @@ class ClientSession:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         stop_process(self.proc, kill=True)  # type: ignore[arg-type]
+        release(self.proc.pid)
 
 
 class ClockCluster:
@@ -247,6 +251,8 @@ class ClockCluster:
         for n in reversed(self.nodes):  # etcd last
             if n.alive:
                 n.stop(kill=True)
+            for pid in n.pids:  # those that exited by themselves too
+                release(pid)
 
 
 class LeaderWatch:

@@ -20,16 +20,22 @@ What is faked, tested in ``test_clock_faketime.py``:
 
 ``time.sleep`` needs a shim under libfaketime 0.9.10 (see faketime_site/sitecustomize.py),
 which :meth:`FakeTime.env` puts on the path.
+
+Every process that loads libfaketime makes a semaphore and a shared memory object in
+/dev/shm named after its PID, and removes them only when it exits cleanly: :func:`release`
+removes those of a process the tests stopped (kill -9 included).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 SHIM_DIR = Path(__file__).with_name("faketime_site")
+SHM_DIR = Path("/dev/shm")
 # The MT build serializes libfaketime's own state across threads (every zbk process has many).
 _LIBRARY_PATTERNS = ("/usr/lib/*/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/libfaketimeMT.so.1",
                      "/usr/local/lib/faketime/libfaketimeMT.so.1")
@@ -43,6 +49,13 @@ def libfaketime() -> str:
         if found:
             return found[0]
     raise AssertionError("libfaketime is not installed: apt-get install faketime (scripts/setup.sh does)")
+
+
+def release(pid: int) -> None:
+    """Remove what libfaketime made in /dev/shm for process ``pid``, once it has exited."""
+    for name in (f"sem.faketime_sem_{pid}", f"faketime_shm_{pid}"):
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / name).unlink()
 
 
 class FakeTime:

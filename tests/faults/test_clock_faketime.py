@@ -18,7 +18,7 @@ from helpers.etcd import ETCD_BIN
 from helpers.procs import free_port, start_process, stop_process
 
 from faults.clockcluster import LeaderWatch
-from faults.faketime import FakeTime
+from faults.faketime import SHM_DIR, FakeTime, release
 
 # Reports its clocks, then the time a sleep, a timed wait and a select take (real seconds,
 # CLOCK_MONOTONIC_RAW), then the wall clock's offset from the parent's (the parent's real
@@ -76,6 +76,8 @@ def test_only_the_wall_clock_moves_and_a_step_reaches_a_running_process(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        release(proc.pid)
+    assert not list(SHM_DIR.glob(f"*faketime_*_{proc.pid}")), "libfaketime's files of the probe are left"
 
 
 def test_etcd_keeps_the_real_time_under_libfaketime(tmp_path: Path) -> None:
@@ -102,6 +104,7 @@ def test_etcd_keeps_the_real_time_under_libfaketime(tmp_path: Path) -> None:
         assert before - 5 <= stamps[0] <= time.time() + 5, (before, stamps[0])
     finally:
         stop_process(proc, kill=True)
+        release(proc.pid)
 
 
 class _Node:

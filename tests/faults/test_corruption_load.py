@@ -22,7 +22,7 @@ the bookie, digest mismatches at the clients); the check marks the replica and t
 replicator repairs it in place, so that it serves every entry it should hold intact.
 
 The damage is a function of the seed: the test prints ``ZBK_SEED=<seed>``, and
-``ZBK_SEED=<seed>`` replays the same offsets (timings still vary).
+``ZBK_SEED=<seed>`` makes the same choices again (timings still vary).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ from zbk.wire.status import Status
 PASSWORD = b"corrupt"
 LEDGERS, ENTRIES, PAYLOAD_BYTES = 6, 2500, 512
 READERS = 3
-CONFIG = ClientConfig(read_timeout_ms=3000, speculative_read_ms=500)
+# Generous timeouts: on a starved machine a slow read is not a failed one.
+CONFIG = ClientConfig(read_timeout_ms=10_000, speculative_read_ms=500)
 BOOKIE = {"flush_interval_ms": 1000}  # entry logs and index reach the disk within a second
 # 4 index pages (16 KiB each) for 6 ledgers of 3 pages: the damaged bookie reads pages back.
 VICTIM = {**BOOKIE, "ledger_cache_bytes_max": 65536}
