@@ -35,10 +35,10 @@ of the file is on one host (sqlite's WAL needs shared memory), and on Linux CLOC
 is one clock for the whole host, counted from its boot, that a step of the wall clock (NTP,
 ``date -s``) never moves. So a step neither expires a live holder's lease early nor keeps a
 dead holder's lease alive, as etcd's leases, timed on its own monotonic clock, are not
-moved by one (CLOCK_MONOTONIC, not CLOCK_BOOTTIME: a suspend stops every holder with the
-host, and should expire nothing). The clock restarts at a reboot: the file records which boot its expiries
-count from, and the first process that opens it after a reboot drops every lease of the
-previous boot with its keys (no holder survived it). Reads filter
+moved by one. (CLOCK_MONOTONIC, not CLOCK_BOOTTIME: a suspend stops every holder with the
+host, and should expire nothing.) The clock restarts at a reboot: the file records which
+boot its expiries count from, and the first process that opens it after a reboot drops
+every lease of the previous boot with its keys (no holder survived it). Reads filter
 out keys whose lease has expired, so an expired lease's keys vanish at the instant of
 expiry even if no sweep has run yet. The sweep that deletes them and logs their delete
 events runs at the start of every write transaction, on reads that notice an expired
