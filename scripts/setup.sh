@@ -13,6 +13,8 @@ apt_install() {
   command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
   # fuse3 (fusermount3, libfuse3) for the power-loss layer of the fault tests (tests/faults).
   command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+  # libfaketime for the clock-fault tests (tests/faults/test_clock_*.py).
+  command -v faketime >/dev/null 2>&1 || need+=(faketime)
   # Java for local Spark (the spark extra's tests); only when the spark extra is asked for.
   case ",${ZBK_EXTRAS:-dev}," in
     *,spark,*) command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless) ;;

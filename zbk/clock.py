@@ -9,10 +9,13 @@ from typing import Protocol
 
 class Clock(Protocol):
     def monotonic(self) -> float:
-        """Seconds on a clock that never goes back (for timeouts and intervals)."""
+        """Seconds on a clock that never goes back and that steps of the wall clock do not
+        move (for timeouts, intervals, and the embedded store's lease expiries, which its
+        processes share: on Linux it is CLOCK_MONOTONIC, one clock for the whole host)."""
 
     def time(self) -> float:
-        """Seconds since the epoch (for values shared between processes, e.g. lease expiry)."""
+        """Seconds since the epoch, as people read them (creation times, marks); it may
+        step forward or back at any time."""
 
     def sleep(self, seconds: float) -> None:
         """Block the caller for ``seconds``."""

@@ -1,5 +1,6 @@
-"""What only the embedded store has: changelog trimming, an injectable lease clock, its
-schema version, and many processes creating one file at once."""
+"""What only the embedded store has: changelog trimming, an injectable lease clock that is
+the host's monotonic one (steps of the wall clock do not move leases; a reboot drops them),
+its schema version, and many processes creating one file at once."""
 
 from __future__ import annotations
 
@@ -102,10 +103,87 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "m.db")
     SqliteStore(path).close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = 2 WHERE name = 'format'")
+        conn.execute("UPDATE meta SET value = 3 WHERE name = 'format'")
     conn.close()
-    with pytest.raises(CorruptMetadataError, match="unknown format 2"):
+    with pytest.raises(CorruptMetadataError, match="unknown format 3"):
         SqliteStore(path)
+
+
+class SteppedClock(FakeClock):
+    """A host whose wall clock is stepped (NTP, ``date -s``) while its monotonic clock runs on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wall_offset_s = 0.0
+
+    def time(self) -> float:
+        return self.monotonic() + 1_700_000_000.0 + self.wall_offset_s
+
+
+def test_sqlite_leases_ignore_wall_clock_steps(tmp_path: Path) -> None:
+    """A step forward beyond the TTL expired every lease of the host at once (every
+    autorecovery process exited, every bookie re-registered); a step back kept a dead
+    holder's lease for the length of the step. Leases now count on the monotonic clock."""
+    clock = SteppedClock()
+    with SqliteStore(str(tmp_path / "m.db"), clock=clock) as store:
+        kept, dead = store.grant_lease(10), store.grant_lease(10)
+        store.put("kept", b"1", lease=kept)
+        store.put("dead", b"1", lease=dead)
+        clock.wall_offset_s = +3600.0
+        store.keepalive(kept)  # raised LeaseExpiredError
+        assert store.get("kept") is not None and store.get("dead") is not None
+        clock.advance(5)
+        clock.wall_offset_s = -3600.0
+        store.keepalive(kept)
+        clock.advance(5.1)  # the dead holder's TTL is over, whatever the wall clock says
+        assert store.get("dead") is None and store.get("kept") is not None
+        with pytest.raises(LeaseExpiredError):
+            store.keepalive(dead)
+
+
+def test_a_format_1_file_is_converted_keeping_what_each_lease_had_left(tmp_path: Path) -> None:
+    clock = SteppedClock()
+    path = str(tmp_path / "m.db")
+    with SqliteStore(path, clock=clock) as store:
+        alive, expired = store.grant_lease(10), store.grant_lease(10)
+        store.put("alive", b"1", lease=alive)
+        store.put("expired", b"1", lease=expired)
+    with sqlite3.connect(path) as conn:  # as format 1 wrote them: wall-clock expiries
+        conn.execute("UPDATE meta SET value = 1 WHERE name = 'format'")
+        conn.execute("DELETE FROM meta WHERE name = 'boot'")
+        conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (clock.time() + 4, alive))
+        conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (clock.time() - 1, expired))
+    conn.close()
+    with SqliteStore(path, clock=clock) as store:
+        assert store.get("alive") is not None and store.get("expired") is None
+        clock.advance(3.9)
+        assert store.get("alive") is not None
+        clock.advance(0.2)
+        assert store.get("alive") is None
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone() == (2,)
+    conn.close()
+
+
+def test_the_first_open_after_a_reboot_drops_the_previous_boots_leases(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    with SqliteStore(path) as store:
+        lease = store.grant_lease(60)
+        store.put("held", b"1", lease=lease)
+        store.put("plain", b"1")
+    with SqliteStore(path) as store:  # the same boot: nothing changes
+        assert store.get("held") is not None
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = value + 1 WHERE name = 'boot'")
+        (before,) = conn.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()
+    conn.close()
+    with SqliteStore(path) as store:
+        recorder = Recorder()
+        store.watch("", recorder, start_revision=before + 1)
+        assert store.get("held") is None and store.get("plain") is not None
+        assert [(e.kind, e.key) for e in recorder.wait_for(1)] == [("delete", "held")]
+        with pytest.raises(LeaseExpiredError):
+            store.keepalive(lease)
 
 
 def test_many_processes_create_one_file_at_once(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from zbk import limits
-from zbk.config.checks import non_negative, positive, ratio, tcp_port
+from zbk.config.checks import non_negative, percent, positive, ratio, tcp_port
 from zbk.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -224,12 +224,17 @@ class RecoveryConfig(Section):
         "enabled": "autorecovery_enabled", "lost_bookie_recovery_delay_s": "lost_bookie_recovery_delay_s",
         "open_ledger_rereplication_grace_period_s": "open_ledger_rereplication_grace_period_s",
         "auditor_periodic_check_interval_s": "auditor_periodic_check_interval_s",
+        "auditor_ledger_verification_percent": "auditor_ledger_verification_percent",
         "replicator_workers": "replicator_workers", "replication_rate_bytes": "replication_rate_bytes"}
 
     enabled: bool = False
     lost_bookie_recovery_delay_s: float = 0.0
     open_ledger_rereplication_grace_period_s: float = 30.0
     auditor_periodic_check_interval_s: float = 604_800.0
+    # Of each replica's entries between the first and the last of a fragment, the share the
+    # periodic check reads back (BookKeeper's auditorLedgerVerificationPercentage): 0 reads
+    # the two ends only; damage between them is then found only by the clients' reads.
+    auditor_ledger_verification_percent: float = 0.0
     replicator_workers: int = 1
     replication_rate_bytes: int = 64 * MIB  # per second
 
@@ -238,6 +243,7 @@ class RecoveryConfig(Section):
         non_negative(self.key("open_ledger_rereplication_grace_period_s"),
                      self.open_ledger_rereplication_grace_period_s)
         positive(self.key("auditor_periodic_check_interval_s"), self.auditor_periodic_check_interval_s)
+        percent(self.key("auditor_ledger_verification_percent"), self.auditor_ledger_verification_percent)
         positive(self.key("replicator_workers"), self.replicator_workers)
         positive(self.key("replication_rate_bytes"), self.replication_rate_bytes)
         return self

@@ -7,15 +7,17 @@ for both drivers. Several scopes may share one file: keys are stored with the sc
 prefix ``/<scope>/`` exactly as in etcd, and the revision counter and lease ids are
 file-wide, as they are cluster-wide in etcd.
 
-Schema (format 1, recorded in ``meta.format``)::
+Schema (format 2, recorded in ``meta.format``)::
 
     meta(name TEXT PRIMARY KEY, value INTEGER)
-        'format'     schema version (1)
+        'format'     schema version (2; a format 1 file is converted when it is opened)
         'revision'   the store-wide revision: +1 per committed change
         'compacted'  highest revision trimmed from the changelog (watches must start above it)
+        'boot'       the boot of the host the lease expiries count from (see boot_number)
     kv(key BLOB PRIMARY KEY, value BLOB, mod_revision INTEGER, create_revision INTEGER,
        lease INTEGER NULL)
     leases(id INTEGER PRIMARY KEY AUTOINCREMENT, ttl_s INTEGER, expires_at REAL)
+        expires_at: seconds on the host's CLOCK_MONOTONIC (format 1: on the wall clock)
     changelog(revision INTEGER, key BLOB, kind TEXT 'put'|'delete', value BLOB NULL,
               PRIMARY KEY (revision, key))
 
@@ -28,8 +30,15 @@ file's write lock before it reads what it compares: compare-and-set is atomic ac
 processes. Each store object holds one connection guarded by a lock (one process may
 own several store objects).
 
-Leases are wall-clock: ``expires_at = time() + ttl`` shared by every process on the host
-(the processes share a clock; etcd uses its leader's clock the same way). Reads filter
+Leases run on the host's monotonic clock: ``expires_at = monotonic() + ttl``. Every process
+of the file is on one host (sqlite's WAL needs shared memory), and on Linux CLOCK_MONOTONIC
+is one clock for the whole host, counted from its boot, that a step of the wall clock (NTP,
+``date -s``) never moves. So a step neither expires a live holder's lease early nor keeps a
+dead holder's lease alive, as etcd's leases, timed on its own monotonic clock, are not
+moved by one. (CLOCK_MONOTONIC, not CLOCK_BOOTTIME: a suspend stops every holder with the
+host, and should expire nothing.) The clock restarts at a reboot: the file records which
+boot its expiries count from, and the first process that opens it after a reboot drops
+every lease of the previous boot with its keys (no holder survived it). Reads filter
 out keys whose lease has expired, so an expired lease's keys vanish at the instant of
 expiry even if no sweep has run yet. The sweep that deletes them and logs their delete
 events runs at the start of every write transaction, on reads that notice an expired
@@ -75,7 +84,7 @@ from zbk.metadata.store import KeyValue, WatchCallback, WatchEvent
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 
 ErrorCallback = Callable[[Exception], None]
 
@@ -89,11 +98,21 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases(expires_at)",
     "CREATE TABLE IF NOT EXISTS changelog (revision INTEGER NOT NULL, key BLOB NOT NULL,"
     " kind TEXT NOT NULL, value BLOB, PRIMARY KEY (revision, key)) WITHOUT ROWID",
-    "INSERT OR IGNORE INTO meta (name, value) VALUES ('format', 1), ('revision', 0), ('compacted', 0)",
+    f"INSERT OR IGNORE INTO meta (name, value) VALUES ('format', {FORMAT}), ('revision', 0), ('compacted', 0)",
 )
 
 # A key is visible unless it is bound to a lease that has expired (or vanished).
 _ALIVE = "(kv.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.id = kv.lease AND l.expires_at > ?))"
+
+
+def boot_number() -> int:
+    """This boot of the host, as a number: the first 60 bits of the kernel's boot id (0
+    where the kernel does not tell it; then a reboot cannot be recognised)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return int(f.read().strip().replace("-", "")[:15], 16)
+    except (OSError, ValueError):
+        return 0
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -122,6 +141,11 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._closed = False
         self._conn = self._connect(path, busy_timeout_s)
+        try:
+            self._adopt_clock()
+        except BaseException:
+            self._conn.close()
+            raise
         self._watches: list[SqliteWatch] = []
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -162,10 +186,41 @@ class SqliteStore:
             except sqlite3.DatabaseError as e:  # "file is not a database" and the like
                 conn.close()
                 raise CorruptMetadataError(f"sqlite metadata {path}: not a zbk metadata database ({e})") from None
-        if fmt != FORMAT:
+        if fmt not in (1, FORMAT):
             conn.close()
-            raise CorruptMetadataError(f"sqlite metadata {path}: unknown format {fmt} (this zbk reads {FORMAT})")
+            raise CorruptMetadataError(f"sqlite metadata {path}: unknown format {fmt} (this zbk reads 1 and {FORMAT})")
         return conn
+
+    def _adopt_clock(self) -> None:
+        """Make the file's lease expiries count on this host's monotonic clock, this boot:
+        convert a format 1 file (wall-clock expiries; its leases keep what they had left),
+        and drop every lease of a previous boot with its keys (the first open after a
+        reboot: the clock restarted, and no holder survived)."""
+        with self._lock, _translated(self.path):
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                (fmt,) = conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+                if fmt == 1:
+                    conn.execute("UPDATE leases SET expires_at = ? + MIN(MAX(expires_at - ?, 0), ttl_s)",
+                                 (self._clock.monotonic(), self._clock.time()))
+                    conn.execute("UPDATE meta SET value = ? WHERE name = 'format'", (FORMAT,))
+                    log.info("sqlite metadata %s: converted to format %d (leases on the monotonic clock)",
+                             self.path, FORMAT)
+                boot = boot_number()
+                row = conn.execute("SELECT value FROM meta WHERE name = 'boot'").fetchone()
+                if row is None or (boot != 0 and row[0] != boot):
+                    if row is not None:
+                        dead = [lease for (lease,) in conn.execute("SELECT id FROM leases ORDER BY id")]
+                        for lease in dead:
+                            self._drop_lease(conn, lease)
+                        log.warning("sqlite metadata %s: the host rebooted; dropped the %d lease(s) of its "
+                                    "previous boot", self.path, len(dead))
+                    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('boot', ?)", (boot,))
+            except BaseException:
+                _end(conn, "ROLLBACK")
+                raise
+            _end(conn, "COMMIT")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -190,7 +245,7 @@ class SqliteStore:
             asked = time.monotonic()
             conn.execute("BEGIN IMMEDIATE")
             try:
-                now = self._clock.time()
+                now = self._clock.monotonic()
                 if time.monotonic() - asked >= limits.sqlite_stall_s_min:
                     # The store was stalled (another writer held the lock that long, e.g. in
                     # a slow fsync on a busy disk): every keep-alive was blocked like this
@@ -251,7 +306,7 @@ class SqliteStore:
         with self._lock, _translated(self.path):
             self._check_open()
             row = self._conn.execute("SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1",
-                                     (self._clock.time(),)).fetchone()
+                                     (self._clock.monotonic(),)).fetchone()
         if row is not None:
             with self._write():
                 pass
@@ -287,7 +342,7 @@ class SqliteStore:
         self._maybe_sweep()
         with self._read() as conn:
             row = conn.execute("SELECT key, value, mod_revision, create_revision, lease FROM kv"
-                               f" WHERE key = ? AND {_ALIVE}", (self._k(key), self._clock.time())).fetchone()
+                               f" WHERE key = ? AND {_ALIVE}", (self._k(key), self._clock.monotonic())).fetchone()
         return None if row is None else self._kv(row)
 
     def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:
@@ -333,7 +388,7 @@ class SqliteStore:
             rows = conn.execute(
                 "SELECT key, value, mod_revision, create_revision, lease FROM kv"
                 f" WHERE key >= ? AND key < ? AND key > ? AND {_ALIVE} ORDER BY key LIMIT ?",
-                (lo, prefix_end(lo), after, self._clock.time(), limit)).fetchall()
+                (lo, prefix_end(lo), after, self._clock.monotonic(), limit)).fetchall()
         return [self._kv(r) for r in rows]
 
     def revision(self) -> int:

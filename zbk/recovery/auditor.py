@@ -110,8 +110,9 @@ class Auditor:
     """The auditor candidate of one process: campaigns, and while leader runs the core."""
 
     def __init__(self, store: MetadataStore, registry: UnderReplicationRegistry, lease: int, candidate_id: str, *,
-                 default_delay_s: float = 0.0, check_interval_s: float = 604_800.0, clock: Clock = SYSTEM_CLOCK,
-                 on_crash: Callable[[], None] | None = None, client_config: ClientConfig | None = None) -> None:
+                 default_delay_s: float = 0.0, check_interval_s: float = 604_800.0, verification_percent: float = 0.0,
+                 clock: Clock = SYSTEM_CLOCK, on_crash: Callable[[], None] | None = None,
+                 client_config: ClientConfig | None = None) -> None:
         self.store = store
         self.registry = registry
         self.ledgers = LedgerStore(store)
@@ -119,6 +120,7 @@ class Auditor:
         self.default_delay_s = default_delay_s
         self.clock = clock
         self.check_interval_s = check_interval_s
+        self.verification_percent = verification_percent
         self._on_crash = on_crash
         self.client_config = client_config or ClientConfig().validate()
         self.election = LeaderElection(store, candidate_id, lease, on_lost=self._on_lost)
@@ -252,7 +254,8 @@ class Auditor:
 
         ctx = ClientContext.over_zmq(self.store, self.client_config)
         try:
-            await LedgerChecker(ctx, self.registry, stop=self._stop).check_all()
+            await LedgerChecker(ctx, self.registry, stop=self._stop,
+                                verification_percent=self.verification_percent).check_all()
         finally:
             await ctx.transport.close()
 

@@ -6,9 +6,12 @@ the last, which its writer is still filling) and each replica of it that is regi
 
 * replicas: does the bookie hold every entry the fragment assigns to its position?
   (GET_LIST_OF_ENTRIES_OF_LEDGER, once per ledger and bookie)
-* read probes: the fragment's first and last entries the bookie should hold, read from it
-  and checked with the ledger's digest — catches data the index still lists but the disk
-  lost or damaged (a corrupt entry log).
+* read probes: the fragment's first and last entries the bookie should hold, and
+  ``auditor_ledger_verification_percent`` of those between (chosen at random; 100: all),
+  read from it and checked with the ledger's digest — catches data the index still lists
+  but the disk lost or damaged (a corrupt entry log). Damage between the probes is found
+  only by reading it: with the default 0, by a client (which then reads another replica).
+* a bookie that answers a listing with EIO has a damaged index: that is damage too.
 * placement: each fragment (an open ledger's last one too) against the ledger's own
   placement policy, the one it was created with (zbk/client/placement.py): members
   outside its isolation groups; with racks in use, write sets (WQ consecutive ensemble
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,11 +38,11 @@ from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import Digest
 from zbk.client.placement import PlacementPolicy, placement_violations
-from zbk.errors import CorruptMetadataError, NoSuchLedgerError, ZbkError
+from zbk.errors import BookieIOError, CorruptMetadataError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
 from zbk.recovery import metrics as rm
-from zbk.recovery.copier import list_entries, positions_held, read_checked
+from zbk.recovery.copier import list_entries, positions_held, unreadable
 from zbk.recovery.repair import held
 from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire.messages import EntryRanges
@@ -57,11 +62,22 @@ class CheckReport:
 
 class LedgerChecker:
     def __init__(self, ctx: ClientContext, registry: UnderReplicationRegistry, *,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, verification_percent: float = 0.0,
+                 rng: random.Random | None = None) -> None:
+        assert 0 <= verification_percent <= 100, verification_percent
         self.stop = stop or threading.Event()
         self.ctx = ctx
         self.registry = registry
         self.ledgers = LedgerStore(ctx.store)
+        self.verification_percent = verification_percent
+        self.rng = rng or random.Random()
+
+    def _probes(self, entries: list[int]) -> list[int]:
+        """The entries of one replica's share to read back: the first and the last, and
+        ``verification_percent`` of those between, chosen at random (100: every one)."""
+        middle = entries[1:-1]
+        k = min(len(middle), math.ceil(len(middle) * self.verification_percent / 100))
+        return sorted({entries[0], entries[-1], *self.rng.sample(middle, k)})
 
     async def check_all(self) -> CheckReport:
         t0 = time.monotonic()
@@ -135,17 +151,23 @@ class LedgerChecker:
             return ""
         try:
             if bookie not in lists:
-                lists[bookie] = await list_entries(self.ctx, bookie, md.ledger_id)
+                try:
+                    lists[bookie] = await list_entries(self.ctx, bookie, md.ledger_id)
+                except BookieIOError as err:
+                    # It answered, with EIO: its index is damaged. That is damage to repair,
+                    # not a bookie that did not answer.
+                    lists[bookie] = ()
+                    return f"cannot list the ledger ({err}) (fragment {first})"
             ranges = lists[bookie]
             if ranges is None:
                 return f"does not know the ledger (fragment {first})"
             for e in entries:
                 if not held(ranges, e):
                     return f"lacks entry {e} (fragment {first})"
-            for e in sorted({entries[0], entries[-1]}):
-                _, why = await read_checked(self.ctx, bookie, md, e, digest)
-                if why:
-                    return f"entry {e}: {why} (fragment {first})"
+            bad = await unreadable(self.ctx, bookie, md, self._probes(entries), digest)
+            if bad:
+                e, why = bad[0]
+                return f"entry {e}: {why} (fragment {first})"
         except ZbkError as err:
             report.unreachable += 1
             log.info("check: ledger %d: %s did not answer: %s", md.ledger_id, bookie, err)

@@ -52,6 +52,19 @@ async def read_checked(ctx: ClientContext, bookie: str, md: LedgerMetadata, entr
     return blob, ""
 
 
+async def unreadable(ctx: ClientContext, bookie: str, md: LedgerMetadata, entries: list[int],
+                     digest: Digest) -> list[tuple[int, str]]:
+    """The entries of ``entries`` that ``bookie`` does not return with a good digest, with
+    what was wrong; read ``limits.copy_batch_entries_max`` at a time. An unreachable bookie
+    raises BookieUnavailableError."""
+    bad: list[tuple[int, str]] = []
+    for start in range(0, len(entries), limits.copy_batch_entries_max):
+        batch = entries[start:start + limits.copy_batch_entries_max]
+        got = await asyncio.gather(*(read_checked(ctx, bookie, md, e, digest) for e in batch))
+        bad.extend((e, why) for e, (blob, why) in zip(batch, got, strict=True) if blob is None)
+    return bad
+
+
 async def list_entries(ctx: ClientContext, bookie: str, ledger_id: int) -> EntryRanges | None:
     """The entry ids ``bookie`` holds of the ledger; None if it does not know the ledger,
     () if it is in limbo and holds nothing (EUNKNOWN)."""

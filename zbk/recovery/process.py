@@ -109,6 +109,7 @@ class AutoRecovery:
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
                                default_delay_s=self.cfg.autorecovery.lost_bookie_recovery_delay_s,
                                check_interval_s=self.cfg.autorecovery.auditor_periodic_check_interval_s,
+                               verification_percent=self.cfg.autorecovery.auditor_ledger_verification_percent,
                                on_crash=self._crashed,
                                client_config=self.cfg.client_config())
         self.auditor.start()

@@ -29,11 +29,11 @@ import bisect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from zbk import limits
 from zbk.client.bookkeeper import ClientContext
 from zbk.client.digest import master_key
 from zbk.client.recovery import recover
 from zbk.errors import (
+    BookieIOError,
     BookieUnavailableError,
     NoSuchLedgerError,
     RepairIncompleteError,
@@ -45,10 +45,11 @@ from zbk.recovery.copier import (
     EntryCopier,
     list_entries,
     positions_held,
-    read_checked,
+    unreadable,
 )
 from zbk.recovery.underreplication import RepairMark, UnderReplicationRegistry
 from zbk.wire import messages as w
+from zbk.wire.messages import EntryRanges
 from zbk.wire.status import Status
 
 log = logging.getLogger(__name__)
@@ -118,31 +119,47 @@ class InPlaceRepairer:
         want = expected_entries(md, bookie, closed_fragments_only=True)
         if not want:
             return 0
-        ranges = await list_entries(self.ctx, bookie, md.ledger_id) or ()
-        missing = [e for e in want if not held(ranges, e)]
-        if verify:
-            present = [e for e in want if held(ranges, e)]
-            missing = sorted(set(missing) | set(await self._unreadable(md, bookie, present)))
+        ranges = await self._listed(md, bookie, verify=verify)
+        if ranges is None:
+            # Its index cannot list the ledger (EIO: a damaged slot). Each entry's read still
+            # answers for itself: rewriting an unreadable one writes its slot anew.
+            missing = await self._unreadable(md, bookie, want)
+        else:
+            missing = [e for e in want if not held(ranges, e)]
+            if verify:
+                present = [e for e in want if held(ranges, e)]
+                missing = sorted(set(missing) | set(await self._unreadable(md, bookie, present)))
         if missing:
             await self.copier.copy(md, missing, bookie, avoid={bookie})
-            ranges = await list_entries(self.ctx, bookie, md.ledger_id) or ()
-            still = [e for e in missing if not held(ranges, e)]
-            if verify and not still:
+            ranges = await self._listed(md, bookie, verify=verify)
+            still = missing if ranges is None else [e for e in missing if not held(ranges, e)]
+            if verify and (ranges is None or not still):
                 still = await self._unreadable(md, bookie, missing)
             if still:
                 raise RepairIncompleteError(f"ledger {md.ledger_id}: {bookie} still lacks {len(still)} entries "
                                             f"(first {still[:5]}) after the copy")
+        if ranges is None:
+            # Every entry it should hold now reads back intact; what is still damaged lies in
+            # slots of entries it does not hold, which no copy can rewrite.
+            log.warning("ledger %d: %s serves every entry it should hold, but its index still cannot list "
+                        "the ledger (damage outside its entries)", md.ledger_id, bookie)
         return len(missing)
+
+    async def _listed(self, md: LedgerMetadata, bookie: str, *, verify: bool) -> EntryRanges | None:
+        """What ``bookie`` lists of the ledger (() if it does not know it); None when a
+        verifying repair finds its index damaged (EIO), which only verifying repairs (of a
+        check's finding) get past: the others trust the list for what is missing."""
+        try:
+            return await list_entries(self.ctx, bookie, md.ledger_id) or ()
+        except BookieIOError:
+            if not verify:
+                raise
+            return None
 
     async def _unreadable(self, md: LedgerMetadata, bookie: str, entries: list[int]) -> list[int]:
         """Entries of ``entries`` that ``bookie`` does not return with a good digest."""
         digest = self.ctx.digest_for(md.digest, md.password)
-        bad: list[int] = []
-        for start in range(0, len(entries), limits.copy_batch_entries_max):
-            batch = entries[start:start + limits.copy_batch_entries_max]
-            got = await asyncio.gather(*(read_checked(self.ctx, bookie, md, e, digest) for e in batch))
-            bad.extend(e for e, (blob, _) in zip(batch, got, strict=True) if blob is None)
-        return bad
+        return [e for e, _ in await unreadable(self.ctx, bookie, md, entries, digest)]
 
     async def _clear_limbo(self, md: LedgerMetadata, bookie: str) -> None:
         t = self.ctx.transport
