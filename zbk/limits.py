@@ -130,6 +130,9 @@ gc_tick_s = 0.1  # pacing granularity of compaction chunks: the token bucket ref
 # One chunk blocks the EntryLogger for this much scanning and copying at most (plus one
 # record), so adds and reads wait a few milliseconds, not for a whole log.
 gc_compaction_chunk_bytes_max = 1024 * 1024
+# The over-replicated ledger scan reads the metadata of every local ledger: at most hourly,
+# so a copy outlives its grace period (gc.overreplicated_ledger_wait_time_ms) by an hour at most.
+gc_overreplicated_scan_interval_max_s = 3600.0
 
 # --- metadata ---------------------------------------------------------------------------
 # Keys per range request of a listing: a page of large metadata fits etcd_grpc_message_bytes_max.

@@ -14,7 +14,9 @@ POST /api/v1/bookie/gc; one run at a time)
        ledger of ``S1 - M`` is then read on its own (``ledger_exists``), so a listing that
        lost keys deletes nothing. If the store fails, the run ends here: nothing is ever
        deleted on an error.
-    3. Those confirmed were deleted: DeleteLedgers to the Server, which drops their state (a
+    2b. When its scan is due, the ledgers of ``S1`` that metadata holds but no longer names
+       this bookie in, past their grace period (zbk/actors/overrep.py), join the deletion.
+    3. Those confirmed were deleted (or over-replicated): DeleteLedgers to the Server, which drops their state (a
        ledger with an add in flight is kept for the next run) and forwards the message to
        the IndexSyncer, which removes their index files.
     4. LogStats from the EntryLogger: ``{log: {ledger: bytes}}`` and the unflushed logs.
@@ -99,6 +101,7 @@ from zbk.actors.messages import (
     LogStatsRequest,
     Relocated,
 )
+from zbk.actors.overrep import OverrepTracker
 from zbk.config import GcConfig
 from zbk.metrics import bookie as m
 from zbk.tokenbucket import TokenBucket
@@ -218,6 +221,7 @@ class _Run:
     ctx: int
     major: bool
     minor: bool
+    forced: bool = False  # asked for (GcTrigger), not the periodic schedule
     phase: Phase = Phase.LOCAL_BEFORE
     stats: LogStats | None = None
     queue: list[_Candidate] = field(default_factory=list)
@@ -247,14 +251,16 @@ class GcCore:
 
     def __init__(self, settings: GcSettings, *, outbox: Outbox, list_ledger_ids: Callable[[], set[int]],
                  state: GcStateStore, suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
-                 ledger_exists: Callable[[int], bool] | None = None) -> None:
+                 ledger_exists: Callable[[int], bool] | None = None, overrep: OverrepTracker | None = None) -> None:
         """``suspect_below``: the least unflushed log id when the bookie started; logs below it
         and >= a persisted ``dupes_from`` may hold copies of a compaction cut short.
         ``ledger_exists``: when given, each ledger missing from the listing is read once more
-        on its own before it is deleted (a listing that silently lost keys deletes nothing)."""
+        on its own before it is deleted (a listing that silently lost keys deletes nothing).
+        ``overrep``: when given, local copies of over-replicated ledgers are deleted too."""
         self.s = settings
         self.list_ledger_ids = list_ledger_ids
         self.ledger_exists = ledger_exists
+        self.overrep = overrep
         self.state = state
         self.compaction_allowed = compaction_allowed
         self.tick_interval_s: float | None = settings.tick_s
@@ -323,14 +329,14 @@ class GcCore:
     # -- a run ----------------------------------------------------------------------------------
     def _on_trigger(self, msg: GcTrigger, now: float) -> None:
         if self.run is None:
-            self._start_run(major=msg.major, minor=msg.minor)
+            self._start_run(major=msg.major, minor=msg.minor, forced=True)
             return
         # A run is under way: remember the request (merged) and start it when this one ends.
         prev = self.pending_trigger or GcTrigger()
         self.pending_trigger = GcTrigger(major=prev.major or msg.major, minor=prev.minor or msg.minor)
 
-    def _start_run(self, *, major: bool, minor: bool) -> None:
-        run = self.run = _Run(self._next_seq(), major, minor)
+    def _start_run(self, *, major: bool, minor: bool, forced: bool = False) -> None:
+        run = self.run = _Run(self._next_seq(), major, minor, forced)
         log.debug("gc: run %d starts", run.ctx)
         self._send("server", LocalLedgersRequest(run.ctx))
 
@@ -340,7 +346,7 @@ class GcCore:
         self.next_run_at = now + self.s.gc_wait_s
         if self.pending_trigger is not None:
             trigger, self.pending_trigger = self.pending_trigger, None
-            self._start_run(major=trigger.major, minor=trigger.minor)
+            self._start_run(major=trigger.major, minor=trigger.minor, forced=True)
 
     def _current(self, ctx: int, *phases: Phase) -> _Run | None:
         run = self.run
@@ -357,17 +363,23 @@ class GcCore:
             self._plan(run, set(msg.ledger_ids), now)
             return
         try:
+            local = set(msg.ledger_ids)
             in_metadata = self.list_ledger_ids()  # after the local snapshot: see step 2
-            gone = deleted_ledgers(set(msg.ledger_ids), in_metadata)
+            gone = deleted_ledgers(local, in_metadata)
             if self.ledger_exists is not None:
                 gone = {lid for lid in gone if not self.ledger_exists(lid)}
+            surplus: set[int] = set()
+            if self.overrep is not None and self.overrep.due(now, forced=run.forced):
+                surplus = self.overrep.scan(local & in_metadata, now)
         except Exception as e:  # noqa: BLE001 - any failure of the metadata store: delete nothing
             log.warning("gc: reading ledgers from metadata failed, skipping this run: %s", e)
             self._end_run(now)
             return
         if gone:
             log.info("gc: deleting %d ledger(s) gone from metadata: %s", len(gone), _ids(gone))
-            self._send("server", DeleteLedgers(sorted(gone)))
+        if gone or surplus:
+            m.GC_OVERREPLICATED_LEDGERS.inc(len(surplus))
+            self._send("server", DeleteLedgers(sorted(gone | surplus)))
         run.phase = Phase.STATS
         self._send("entrylogger", LogStatsRequest(run.ctx))
 

@@ -35,6 +35,7 @@ import os
 import uuid
 from collections.abc import Sequence
 
+from zbk.bookie.overrepsource import record_cookie_fix
 from zbk.config import BookieConfig
 from zbk.errors import CookieMismatchError
 from zbk.metadata import layout
@@ -133,6 +134,9 @@ def check_cookies(cfg: BookieConfig, store: MetadataStore) -> bool:
         raise CookieMismatchError(f"cookie validation failed for {cfg.bookie_id}: {msg} "
                                   "(run `zbk shell cookie fix` or set auto_fix_cookie = true)")
     log.warning("cookie validation failed (%s): auto_fix_cookie is on, fixing with phase one", msg)
+    # Before the cookie: a crash between the two leaves the marker, never a fix without it.
+    # Over-replicated ledgers stay until the auditor's next full check (bookie/overrepsource.py).
+    record_cookie_fix(store, cfg.bookie_id)
     write_cookies(store, cfg, expected, stored.version if stored else None, dirs)
     return True
 

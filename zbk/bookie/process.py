@@ -36,9 +36,11 @@ from zbk.actors.journal import JournalCore
 from zbk.actors.journals import journal_names, journal_of_actor
 from zbk.actors.loops import JournalLoop, ReplySocket, ServerLoop, disk_probe_for
 from zbk.actors.messages import HeaderUpdate, IndexPut
+from zbk.actors.overrep import OverrepTracker
 from zbk.actors.server import ServerCore
 from zbk.bookie.admin import BookieAdmin
 from zbk.bookie.boot import BootReport
+from zbk.bookie.overrepsource import BookieOverrepSource
 from zbk.config import BookieConfig
 from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_OK, CookieMismatchError
 from zbk.metadata.registry import LedgerStore
@@ -148,9 +150,12 @@ class Bookie(BookieAdmin):
 
         # Logs below the first one this process writes may hold copies of a compaction that a
         # crash cut short (zbk/actors/gc.py, "suspects").
+        overrep = OverrepTracker(cfg.gc.overreplicated_ledger_wait_time_ms / 1000.0,
+                                 BookieOverrepSource(self.store, cfg.bookie_id))
         return GcCore(GcSettings.from_config(cfg.gc), outbox=outbox, list_ledger_ids=lambda: set(ledgers.list_ids()),
                       ledger_exists=ledgers.exists, state=GcStateFile(cfg.ledger_dirs[0]),
-                      suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed)
+                      suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed,
+                      overrep=overrep)
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
         if self.crashed is None:

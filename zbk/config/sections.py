@@ -164,7 +164,8 @@ class GcConfig(Section):
         "minor_compaction_interval_s": "minor_compaction_interval_s",
         "major_compaction_threshold": "major_compaction_threshold",
         "major_compaction_interval_s": "major_compaction_interval_s",
-        "compaction_rate_bytes": "compaction_rate_bytes"}
+        "compaction_rate_bytes": "compaction_rate_bytes",
+        "overreplicated_ledger_wait_time_ms": "gc_overreplicated_ledger_wait_time_ms"}
 
     wait_time_ms: int = 60_000
     minor_compaction_threshold: float = 0.2
@@ -172,6 +173,9 @@ class GcConfig(Section):
     major_compaction_threshold: float = 0.8
     major_compaction_interval_s: float = 86_400.0
     compaction_rate_bytes: int = 64 * MIB  # per second
+    # BookKeeper's gcOverreplicatedLedgerWaitTime: a local copy that no fragment names is
+    # dropped no sooner than this after the bookie was last seen named (zbk/actors/overrep.py).
+    overreplicated_ledger_wait_time_ms: int = 86_400_000
 
     def validate(self) -> GcConfig:
         positive(self.key("wait_time_ms"), self.wait_time_ms)
@@ -183,6 +187,7 @@ class GcConfig(Section):
         positive(self.key("minor_compaction_interval_s"), self.minor_compaction_interval_s)
         positive(self.key("major_compaction_interval_s"), self.major_compaction_interval_s)
         positive(self.key("compaction_rate_bytes"), self.compaction_rate_bytes)
+        positive(self.key("overreplicated_ledger_wait_time_ms"), self.overreplicated_ledger_wait_time_ms)
         return self
 
 

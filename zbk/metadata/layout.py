@@ -22,6 +22,9 @@ REPAIRS = "underreplication/repairs/"
 AUDITOR_LEADER = "auditor/leader"
 AUDITOR_TRIGGER = "auditor/trigger"  # written by `zbk shell triggeraudit`: run the periodic check now
 AUDITOR_LAST_CHECK = "auditor/last_check"  # when the last periodic check finished (ms since the epoch)
+# When the last finished periodic check had started (ms since the epoch; written with last_check).
+AUDITOR_LAST_CHECK_STARTED = "auditor/last_check_started"
+COOKIE_FIXES = "cookiefixes/"  # cookiefixes/<bookie>: when auto_fix_cookie rewrote its cookie (ms since the epoch)
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
 
 
@@ -37,6 +40,10 @@ def ledger_id_from_key(key: str) -> int:
 
 def cookie_key(bookie_id: str) -> str:
     return COOKIES + bookie_id
+
+
+def cookie_fix_key(bookie_id: str) -> str:
+    return COOKIE_FIXES + bookie_id
 
 
 def writable_key(bookie_id: str) -> str:

@@ -35,6 +35,8 @@ DISK_USAGE_RATIO = Gauge("zbk_bookie_disk_usage_ratio", "Used / total bytes of t
 CHECKPOINTS_TOTAL = Counter("zbk_bookie_checkpoints_total", "Checkpoints completed (logs and index flushed, mark persisted)")
 GC_RECLAIMED_BYTES = Counter("zbk_gc_reclaimed_bytes_total", "Bytes of entry logs reclaimed by garbage collection")
 GC_COMPACTIONS = Counter("zbk_gc_compactions_total", "Entry log compactions", ["kind"])
+GC_OVERREPLICATED_LEDGERS = Counter("zbk_gc_overreplicated_ledgers_total",
+                                    "Local copies of ledgers that no fragment names any more, deleted by GC")
 ADDS_HELD = Gauge("zbk_bookie_adds_held",
                   "Add requests held while the index's dirty pages are over their bound (IndexPressure)")
 

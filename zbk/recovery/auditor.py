@@ -238,8 +238,12 @@ class Auditor:
         return True
 
     def _run_fragment_check(self) -> None:
+        started = str(int(time.time() * 1000)).encode("ascii")
         try:
             asyncio.run(self._fragment_check())
+            # The start too: a bookie's cookie fix counts as audited only by a check that
+            # began after it (zbk/bookie/overrepsource.py).
+            self.store.put(layout.AUDITOR_LAST_CHECK_STARTED, started)
             self.store.put(layout.AUDITOR_LAST_CHECK, str(int(time.time() * 1000)).encode("ascii"))
         except ZbkError as e:
             log.warning("auditor: periodic check failed: %s", e)

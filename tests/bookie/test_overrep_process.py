@@ -1,0 +1,69 @@
+"""Over-replicated ledgers in a real bookie process (zbk/actors/overrep.py).
+
+The bookie writes three ledgers one after the other (whole entry logs per ledger), then
+stops. While it is away its ledgers are "re-replicated" the way a replicator leaves them:
+closed, and ``moved``'s only fragment now names another bookie; ``partly``'s last
+fragment names another bookie but its first still names this one; ``kept`` is untouched.
+The bookie comes back with a short grace period (gc_overreplicated_ledger_wait_time_ms):
+``moved``'s entry logs leave the disk and the bookie no longer has the ledger, while
+every entry of ``partly`` and ``kept`` still reads back byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from helpers.bookie import BookieProcess
+from helpers.wait import wait_until
+
+from zbk.metadata.registry import LedgerStore
+from zbk.metadata.uri import open_store
+from zbk.wire.status import Status
+
+from .test_gc_process import GC_SETTINGS, create_ledgers, ledger_count, log_bytes, metric, read_all, write
+from .util import read
+
+OTHER = "127.0.0.1:1"  # the bookie the data was re-replicated to (never contacted)
+
+
+def rewrite(uri: str, lid: int, fragments: tuple[tuple[int, tuple[str, ...]], ...], last: int) -> None:
+    store = open_store(uri)
+    try:
+        ledgers = LedgerStore(store)
+        md, version = ledgers.read(lid)
+        ledgers.write(dataclasses.replace(md, state="CLOSED", last_entry_id=last, fragments=fragments), version)
+    finally:
+        store.close()
+
+
+def test_a_returning_bookie_frees_a_moved_ledger_and_keeps_the_named_ones(
+        bookies: Callable[..., BookieProcess]) -> None:
+    bk = bookies(settings={**GC_SETTINGS, "gc_overreplicated_ledger_wait_time_ms": 1000})
+    bk.start()
+    uri = bookies.metadata_uri  # type: ignore[attr-defined]
+    moved, partly, kept = create_ledgers(uri, bk.bookie_id, 3)
+    next_eid = dict.fromkeys((moved, partly, kept), 0)
+    write(bk, [(moved, 400), (partly, 300), (kept, 100)], next_eid)
+    assert bk.stop() == 0
+    full = log_bytes(bk)
+    assert full > 3 * 1024 * 1024
+    rewrite(uri, moved, ((0, (OTHER,)),), next_eid[moved] - 1)
+    rewrite(uri, partly, ((0, (bk.bookie_id,)), (200, (OTHER,))), next_eid[partly] - 1)
+    rewrite(uri, kept, ((0, (bk.bookie_id,)),), next_eid[kept] - 1)
+
+    bk.start()
+    wait_until(lambda: ledger_count(bk) == 2, timeout_s=30, message="the GC to drop the over-replicated ledger")
+    moved_bytes = next_eid[moved] * 4096
+    # The whole logs that hold only ``moved`` go (1 MiB of its 1.6 MB); the log it shares with
+    # ``partly`` stays until compaction finds it sparse enough.
+    wait_until(lambda: log_bytes(bk) < full - 0.6 * moved_bytes, timeout_s=30,
+               message=f"the moved ledger's entry logs to go ({log_bytes(bk)} of {full} bytes left)")
+    assert metric(bk, "zbk_gc_overreplicated_ledgers_total") == 1
+    with bk.connect() as c:
+        assert read(c, moved, 0).status == Status.ENOLEDGER
+    # Still named in a fragment (even one of two) or in every fragment: every entry stays.
+    read_all(bk, partly, next_eid[partly])
+    read_all(bk, kept, next_eid[kept])
+    assert "over-replicated" in bk.log.read_text()
+    assert bk.stop() == 0
