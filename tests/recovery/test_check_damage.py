@@ -104,7 +104,8 @@ class Env:
     def check(self, percent: float = 0.0) -> CheckReport:
         report = CheckReport()
         checker = LedgerChecker(self.ctx, self.registry, verification_percent=percent, rng=random.Random(3))
-        asyncio.run(checker.check_ledger(self.md.ledger_id, set(BOOKIES), None, report))
+        registered = {b: BookieRegistration(b) for b in BOOKIES}
+        asyncio.run(checker.check_ledger(self.md.ledger_id, registered, report))
         return report
 
     def repair(self) -> int:
