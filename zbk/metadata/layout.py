@@ -23,6 +23,9 @@ AUDITOR_LEADER = "auditor/leader"
 AUDITOR_TRIGGER = "auditor/trigger"  # written by `zbk shell triggeraudit`: run the periodic check now
 AUDITOR_LAST_CHECK = "auditor/last_check"  # when the last periodic check finished (ms since the epoch)
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
+# Present while an operator has switched auto-recovery off (BookKeeper's
+# ``underreplication/disable``): the auditor marks nothing and replicators repair nothing.
+AUTORECOVERY_DISABLED = "underreplication/disable"
 
 
 def ledger_key(ledger_id: int) -> str:
