@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -17,22 +18,27 @@ from zbk.actors.base import drop_handoff, handoff_for, pipe_address
 from zbk.actors.messages import BookieStatus, SetReadOnly, StatusRequest
 from zbk.bookie.admin import BookieAdmin
 from zbk.config import BookieConfig
-from zbk.errors import ZbkTimeoutError
+from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.storage.operatorstate import operator_read_only
 
 
 class _Cfg:
     bookie_id = "bk-1"
+    index_dirs: tuple[str, ...] = ()
 
 
 @pytest.fixture
-def admin() -> Iterator[tuple[BookieAdmin, zmq.Socket[Any]]]:
+def admin(tmp_path: Path) -> Iterator[tuple[BookieAdmin, zmq.Socket[Any]]]:
     """A BookieAdmin with only what its handlers use (the admin pipe), and the Server's end."""
     ctx = zmq.Context()
     instance = f"t-{uuid.uuid4().hex[:8]}"
     pull = ctx.socket(zmq.PULL)
     pull.bind(pipe_address(instance, "admin", "server"))
     a = BookieAdmin.__new__(BookieAdmin)  # no boot: the handlers need none of it
-    a.cfg = cast(BookieConfig, _Cfg())
+    cfg = _Cfg()
+    cfg.index_dirs = (str(tmp_path / "index"),)
+    a.cfg = cast(BookieConfig, cfg)
+    a.serving = True  # the actors run (Bookie.start)
     a.instance = instance
     a.admin = ctx.socket(zmq.PUSH)
     a.admin.setsockopt(zmq.LINGER, 0)
@@ -71,6 +77,18 @@ def test_info_is_the_servers_answer(admin: tuple[BookieAdmin, zmq.Socket[Any]]) 
     finally:
         t.join(10)
     assert got == [SetReadOnly, StatusRequest, StatusRequest], "the read-only flag went as a message, in order"
+    assert operator_read_only(a.cfg.index_dirs), "the operator's read-only state was kept on disk first"
+
+
+def test_before_the_actors_run_the_answer_is_503(admin: tuple[BookieAdmin, zmq.Socket[Any]]) -> None:
+    a, pull = admin
+    a.serving = False  # booting: the HTTP server is up, the actors are not
+    for ask in (a.info, a.gc_status, lambda: a._put_state({"state": "readonly"})):
+        with pytest.raises(BookieUnavailableError) as e:
+            ask()
+        assert e.value.http_status == 503
+    assert not pull.poll(100), "nothing was sent to actors that do not run"
+    assert not operator_read_only(a.cfg.index_dirs)
 
 
 def test_a_server_that_does_not_answer_is_a_timeout(admin: tuple[BookieAdmin, zmq.Socket[Any]],

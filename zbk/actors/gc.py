@@ -73,12 +73,19 @@ Messages (zbk/actors/messages.py)::
        --LiveResult--> EntryLogger --Relocate--> Server --> IndexSyncer --Relocated--> GC
     IndexSyncer (index flushed after the last Relocate) --CompactionDurable--> GC
     admin (HTTP) --GcTrigger--> GC
+    admin (HTTP) --GcStatusRequest / GcSuspend--> GC (answered through their Future)
+
+Compaction of either kind can be suspended by an operator (PUT gc/suspend_compaction, as
+BookKeeper's): a suspended kind is not started, forced or due, and the logs queued for it
+wait (an interrupted compaction's "suspects" are major work: they wait for major too);
+the log being compacted is finished. Not persisted: a restart resumes both.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -91,6 +98,9 @@ from zbk.actors.messages import (
     CompactLog,
     DeleteLedgers,
     DeleteLogs,
+    GcStatus,
+    GcStatusRequest,
+    GcSuspend,
     GcTrigger,
     LocalLedgers,
     LocalLedgersRequest,
@@ -218,6 +228,7 @@ class _Run:
     ctx: int
     major: bool
     minor: bool
+    forced: bool = False  # asked for by an operator (GcTrigger), not the schedule's
     phase: Phase = Phase.LOCAL_BEFORE
     stats: LogStats | None = None
     queue: list[_Candidate] = field(default_factory=list)
@@ -247,7 +258,7 @@ class GcCore:
 
     def __init__(self, settings: GcSettings, *, outbox: Outbox, list_ledger_ids: Callable[[], set[int]],
                  state: GcStateStore, suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
-                 ledger_exists: Callable[[int], bool] | None = None) -> None:
+                 ledger_exists: Callable[[int], bool] | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         """``suspect_below``: the least unflushed log id when the bookie started; logs below it
         and >= a persisted ``dupes_from`` may hold copies of a compaction cut short.
         ``ledger_exists``: when given, each ledger missing from the listing is read once more
@@ -275,6 +286,10 @@ class GcCore:
         self.failed_logs: set[int] = set()  # compaction failed (corrupt?): left for an operator
         self.deletions: dict[int, _Deletion] = {}
         self.runs_completed = 0
+        self.wall_clock = wall_clock  # for gc_details' times only; every decision uses ``now``
+        self.suspended = {MAJOR: False, MINOR: False}
+        self.passes = {MAJOR: 0, MINOR: 0}  # compaction passes of each kind (gc_details' counters)
+        self.last_pass_ms = {MAJOR: 0, MINOR: 0}
 
     def _send(self, dest: str, msg: Any) -> None:
         self.outbox.send(dest, msg)
@@ -313,6 +328,14 @@ class GcCore:
             self._on_relocated(msg, now)
         elif isinstance(msg, CompactionDurable):
             self._on_durable(msg, now)
+        elif isinstance(msg, GcStatusRequest):
+            msg.answer.set_result(self.status())
+        elif isinstance(msg, GcSuspend):
+            for kind, value in ((MAJOR, msg.major), (MINOR, msg.minor)):
+                if value is not None and value != self.suspended[kind]:
+                    log.info("gc: %s compaction %s by an operator", kind, "suspended" if value else "resumed")
+                    self.suspended[kind] = value
+            msg.answer.set_result(self.status())
         else:
             raise AssertionError(f"gc: unexpected message {msg!r}")
 
@@ -320,17 +343,25 @@ class GcCore:
     def busy(self) -> bool:
         return self.run is not None
 
+    def status(self) -> GcStatus:
+        kind = self.job.kind if self.job is not None else None
+        return GcStatus(forced=self.run is not None and self.run.forced,
+                        major_compacting=kind == MAJOR, minor_compacting=kind == MINOR,
+                        last_major_ms=self.last_pass_ms[MAJOR], last_minor_ms=self.last_pass_ms[MINOR],
+                        major_count=self.passes[MAJOR], minor_count=self.passes[MINOR],
+                        major_suspended=self.suspended[MAJOR], minor_suspended=self.suspended[MINOR])
+
     # -- a run ----------------------------------------------------------------------------------
     def _on_trigger(self, msg: GcTrigger, now: float) -> None:
         if self.run is None:
-            self._start_run(major=msg.major, minor=msg.minor)
+            self._start_run(major=msg.major, minor=msg.minor, forced=True)
             return
         # A run is under way: remember the request (merged) and start it when this one ends.
         prev = self.pending_trigger or GcTrigger()
         self.pending_trigger = GcTrigger(major=prev.major or msg.major, minor=prev.minor or msg.minor)
 
-    def _start_run(self, *, major: bool, minor: bool) -> None:
-        run = self.run = _Run(self._next_seq(), major, minor)
+    def _start_run(self, *, major: bool, minor: bool, forced: bool = False) -> None:
+        run = self.run = _Run(self._next_seq(), major, minor, forced)
         log.debug("gc: run %d starts", run.ctx)
         self._send("server", LocalLedgersRequest(run.ctx))
 
@@ -340,7 +371,7 @@ class GcCore:
         self.next_run_at = now + self.s.gc_wait_s
         if self.pending_trigger is not None:
             trigger, self.pending_trigger = self.pending_trigger, None
-            self._start_run(major=trigger.major, minor=trigger.minor)
+            self._start_run(major=trigger.major, minor=trigger.minor, forced=True)
 
     def _current(self, ctx: int, *phases: Phase) -> _Run | None:
         run = self.run
@@ -397,7 +428,7 @@ class GcCore:
                           now: float) -> list[_Candidate]:
         kind = self._due_kind(run, now)
         suspects: list[int] = []
-        if not self.suspects_scheduled:
+        if not self.suspects_scheduled and not self.suspended[MAJOR]:
             assert self.dupes_from is not None
             suspects = [lg for lg in sorted(stats.usage)
                         if self.dupes_from <= lg < self.suspect_below and lg not in exclude]
@@ -418,12 +449,16 @@ class GcCore:
             self.last_minor_at = now
             if kind == MAJOR:  # a major compaction covers what a minor one would do
                 self.last_major_at = now
+            self.passes[kind] += 1
+            self.last_pass_ms[kind] = int(self.wall_clock() * 1000)
         return queue
 
     def _due_kind(self, run: _Run, now: float) -> str | None:
-        if run.major or now - self.last_major_at >= self.s.major_interval_s:
+        """The kind to run now; a suspended one never (a due minor runs instead of a
+        suspended major)."""
+        if not self.suspended[MAJOR] and (run.major or now - self.last_major_at >= self.s.major_interval_s):
             return MAJOR
-        if run.minor or now - self.last_minor_at >= self.s.minor_interval_s:
+        if not self.suspended[MINOR] and (run.minor or now - self.last_minor_at >= self.s.minor_interval_s):
             return MINOR
         return None
 
@@ -452,9 +487,14 @@ class GcCore:
     def _next_job(self, now: float) -> None:
         run = self.run
         assert run is not None and run.phase is Phase.COMPACTING and self.job is None
-        if run.queue:
-            self._start_job(run.queue.pop(0), now)
-            return
+        while run.queue:
+            cand = run.queue.pop(0)
+            if not self.suspended[cand.kind]:
+                self._start_job(cand, now)
+                return
+            if cand.suspect:
+                self.suspects_scheduled = False  # suspended before its turn: the next run takes it
+
         if self.dupes_from is not None and self.suspects_scheduled:
             # Every job of this run waited for its relocations to be durable, and the suspects
             # of an earlier crash were compacted: no log holds copies the index could miss.
