@@ -19,6 +19,7 @@ from zbk.actors.messages import BookieStatus, SetReadOnly, StatusRequest
 from zbk.bookie.admin import BookieAdmin
 from zbk.config import BookieConfig
 from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.metrics.http import HttpError
 from zbk.storage.operatorstate import operator_read_only
 
 
@@ -97,3 +98,16 @@ def test_a_server_that_does_not_answer_is_a_timeout(admin: tuple[BookieAdmin, zm
     monkeypatch.setattr(limits, "server_admin_answer_wait_s", 0.05)
     with pytest.raises(ZbkTimeoutError):
         a.info()
+
+
+def test_is_ready_only_between_registration_and_stop(admin: tuple[BookieAdmin, zmq.Socket[Any]]) -> None:
+    a, _ = admin
+    a.stop_event = threading.Event()
+    for ready, stopping, answer in ((False, False, 503), (True, False, 200), (True, True, 503)):
+        a.ready = ready
+        if stopping:
+            a.stop_event.set()
+        try:
+            assert a._is_ready(None) == {"ready": True} and answer == 200
+        except HttpError as e:
+            assert e.status == answer == 503, (ready, stopping)

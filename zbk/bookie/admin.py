@@ -224,10 +224,11 @@ class BookieAdmin(BookieRegistrar):
         return _suspension(status)
 
     def _is_ready(self, _body: dict[str, Any] | None) -> dict[str, Any]:
+        # An answer, not a failure: a probe asks every few seconds, so a 503 here logs nothing.
         if self.stop_event.is_set():
-            raise BookieUnavailableError("the bookie is stopping")
+            raise HttpError(503, "not ready: the bookie is stopping")
         if not self.ready:
-            raise BookieUnavailableError("the bookie is not ready yet: replaying its journal or registering")
+            raise HttpError(503, "not ready: the bookie is replaying its journal or registering")
         return {"ready": True}
 
     def _list_bookies(self, _body: dict[str, Any] | None, query: Query) -> dict[str, Any]:
