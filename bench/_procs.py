@@ -27,6 +27,7 @@ from typing import Any, Self
 
 from zbk.cli.children import spawn_tied, stop_child
 from zbk.cli.ports import free_port  # noqa: F401  (the benches import it from here)
+from zbk.config import BookieConfig, canonical_key
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -277,7 +278,9 @@ class ZbkCluster(_Cluster):
         if self.root is None:
             self.root = Path(tempfile.mkdtemp(prefix="zbk-bench-"))
             self._own_root = True
-        settings = {"gc_wait_time_ms": 3_600_000, **self.settings}
+        # GC held off (a bench's ledgers must stay), unless the caller sets it in any spelling.
+        given = {canonical_key(BookieConfig, k) for k in self.settings}
+        settings = {**({} if "gc.wait_time_ms" in given else {"gc_wait_time_ms": 3_600_000}), **self.settings}
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         for i in range(self.n):
             name = f"bookie-{i}"

@@ -32,6 +32,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 extras=${ZBK_EXTRAS:-dev}
-echo "setup: installing zbk[$extras] into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 | grep -v -E '^WARNING: (Location|There was)' || true
+if [ -x .venv/bin/pip ]; then
+  echo "setup: installing zbk[$extras] into .venv"
+  # pip's output is filtered, its exit status is not (pipefail): a failed install stops
+  # the setup.
+  if ! .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 \
+      | { grep -v -E '^WARNING: (Location|There was)' || true; }; then
+    echo "setup: pip install failed" >&2
+    exit 1
+  fi
+else
+  # A .venv without pip (made with --without-pip, or the docs test's workspace, whose
+  # interpreter is set up already) is used as it is; the import check below judges it.
+  echo "setup: .venv has no pip; using it as it is"
+fi
 .venv/bin/python -c "import zbk, zmq, cbor2, crc32c, prometheus_client" 

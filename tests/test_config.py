@@ -399,3 +399,19 @@ def test_operations_doc_has_a_table_per_section_with_every_key_its_type_and_defa
             value = getattr(getattr(defaults, section.TABLE), key)
             if value != "":
                 _check_doc_cells(f"{section.TABLE}.{key}", value, type_cell, default_cell)
+
+
+def test_canonical_key_names_one_key_whatever_its_spelling() -> None:
+    from zbk.config import BookieConfig, canonical_key
+
+    assert canonical_key(BookieConfig, "gc_wait_time_ms") == canonical_key(BookieConfig, "gc.wait_time_ms") == "gc.wait_time_ms"
+    assert canonical_key(BookieConfig, "port") == "port"
+    with pytest.raises(ConfigError, match="gc.wait_time_ms|gc_wait_time_ms"):
+        canonical_key(BookieConfig, "gc_wait_time")
+
+
+def test_harness_defaults_yield_to_a_dotted_spelling() -> None:
+    from helpers.bookie import with_defaults
+
+    got = with_defaults({"gc.wait_time_ms": 5}, {"gc_wait_time_ms": 3_600_000, "registration_ttl_s": 2})
+    assert got == {"registration_ttl_s": 2, "gc.wait_time_ms": 5}

@@ -205,6 +205,11 @@ client_recovery_read_attempts_max = 3
 client_recovery_read_backoff_s_min = 0.2
 client_recovery_read_backoff_s_max = 1.0
 client_sync_read_entries_max = 1000  # entries one read of the blocking client's iterator asks for
+# Explicit LAC (BookKeeper's explicitLacInterval): 0, BookKeeper's default, leaves it off, and
+# a tailing reader then sees a writer's last entry only at its next add or its close. The
+# client looks at its writers every half interval; below 10 ms that would be a busy timer.
+client_explicit_lac_interval_ms_default = 0
+client_explicit_lac_interval_ms_min = 10
 
 # Latency histogram buckets (bookie and client), 100 us to 10 s: an fsync-bound add on SSD is
 # ~0.2-5 ms. Here, not in zbk.metrics.bookie, so that a client process does not create (and

@@ -5,29 +5,28 @@
    deleted or compacted at which threshold, the throttle, and that a compacted log is
    deleted only after the index flush that follows its relocations.
 2. The GC branches of the EntryLogger, IndexSyncer and Server cores over real storage files.
-3. A simulation of a whole bookie's cores (Server, JournalWriter, EntryLogger, IndexSyncer,
-   GC) joined by per-pipe FIFO queues, where a seeded generator picks which pipe delivers
-   next, so every interleaving the real loops allow can happen; adds keep arriving during
-   GC; a "kill -9" (every object abandoned, nothing closed) lands at a random point of the
-   GC protocol. After reboot every acknowledged entry of a live ledger must read back byte
-   for byte. ZBK_SEED=<n> replays one seed.
+3. A whole bookie's cores (Server, JournalWriter, EntryLogger, IndexSyncer, GC) under the
+   actor simulation (tests/helpers/actorsim.py: per-pipe FIFO queues, a seeded generator
+   picks which pipe delivers next, so every interleaving the real loops allow can happen);
+   adds keep arriving during GC; a kill -9 (what was written stays, what was only in
+   memory is gone) lands at a random point of the GC protocol. After reboot every
+   acknowledged entry of a live ledger must read back byte for byte. ZBK_SEED=<n> replays
+   one seed.
 """
 
 from __future__ import annotations
 
-import collections
 import os
-import pickle
 import random
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.actorsim import MK, T0, BookieSettings, Sim, SimDisk, Storage, blob
 from prometheus_client import REGISTRY
 
-from zbk import limits
-from zbk.actors.base import ListOutbox
+from zbk.actors.base import ListOutbox, Outbox
 from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.gc import (
     MINOR,
@@ -39,7 +38,6 @@ from zbk.actors.gc import (
     log_use,
 )
 from zbk.actors.indexsyncer import IndexCore
-from zbk.actors.journal import JournalCore
 from zbk.actors.messages import (
     Checkpoint,
     CompactChunk,
@@ -64,19 +62,13 @@ from zbk.actors.messages import (
     StartCheckpoint,
 )
 from zbk.actors.server import LedgerState, PendingAdd, ServerCore
-from zbk.client.digest import make_digest, master_key
 from zbk.storage.disk import RealDisk
 from zbk.storage.entrylog import OFFSET_BITS, RECORD_HEADER_BYTES, EntryLogWriter, make_location, scan_file
 from zbk.storage.gcstate import GcStateFile
-from zbk.storage.journal import JournalWriter, LogMark, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import read_last_mark, write_last_mark
 from zbk.wire import messages as w
-from zbk.wire.codec import decode_response, encode
-from zbk.wire.entry import build_entry
+from zbk.wire.codec import decode_response
 from zbk.wire.status import Status
-
-T0 = 1000.0
 
 
 class MemState:
@@ -622,162 +614,70 @@ def test_server_drops_deleted_ledgers_and_forwards_gc_messages() -> None:
 
 
 # -- 3. a whole bookie's cores, seeded interleavings, kill -9 at random points -----------------
+# The cores run under tests/helpers/actorsim.py (one FIFO per pipe, a seeded choice of which
+# pipe delivers next, every message checked for changes after it was sent).
 
-PASSWORD = b"gc-sim"
-MK = master_key(PASSWORD)
-DIGEST = make_digest("crc32c", PASSWORD)
 LOG_BYTES = 16 * 1024
+SETTINGS = BookieSettings(flush_interval_s=0.3, log_bytes=LOG_BYTES, write_buffer_bytes=2048,
+                          group_bytes_max=1 << 20, group_wait_s=0.002, max_frame_bytes=1 << 20)
 GC_MESSAGES = (LocalLedgersRequest, LocalLedgers, DeleteLedgers, LogStatsRequest, LogStats, DeleteLogs,
                LogsDeleted, CompactLog, CompactChunk, LiveCheck, LiveResult, Relocate, Relocated,
                CompactionDurable)
 
 
-class PageCacheDisk(RealDisk):
-    """kill -9 keeps the page cache: the simulation needs the writes, not the fsyncs (which
-    would make each of its many runs wait for the disk)."""
+class GcBookie:
+    """A bookie with its GarbageCollector under the actor simulation; ``metadata``: the
+    ledger ids that exist (the GC's listing); ``acked``: what was acknowledged."""
 
-    def fsync(self, fd: int) -> None:
-        pass
-
-
-DISK = PageCacheDisk()
-
-
-def blob(lid: int, eid: int) -> bytes:
-    r = random.Random(lid * 1_000_003 + eid)
-    return build_entry(lid, eid, eid - 1, r.randbytes(r.randrange(100, 600)), DIGEST)
-
-
-def boot(root: Path, *, log_bytes: int = LOG_BYTES, write_buffer_bytes: int = 2048,
-         cache_bytes: int = limits.ledger_cache_bytes_max_default) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
-    """The storage half of Bookie.boot: open (sealing torn logs), replay, checkpoint."""
-    jdir, ldir, xdir = (str(root / d) for d in ("journal", "ledgers", "index"))
-    for d in (jdir, ldir, xdir):
-        os.makedirs(d, exist_ok=True)
-    logs = EntryLogWriter([ldir], size_limit_bytes=log_bytes, write_buffer_bytes=write_buffer_bytes, disk=DISK)
-    cache = LedgerCache([xdir], cache_bytes, disk=DISK)
-    for rec, _ in replay(jdir, read_last_mark(xdir)):
-        if rec.type == RecordType.ADD:
-            cache.put(rec.ledger_id, rec.entry_id, logs.append(rec.ledger_id, rec.entry_id, rec.payload))
-        elif rec.type == RecordType.MASTER_KEY:
-            cache.set_master_key(rec.ledger_id, rec.payload)
-    journal = JournalWriter(jdir, 1 << 20, disk=DISK)
-    logs.flush()
-    cache.flush()
-    mark = journal.sync(fsync=True)
-    write_last_mark(xdir, mark, disk=DISK)
-    journal.delete_segments_before(mark)
-    return logs, cache, journal
-
-
-class PipeOutbox:
-    """One FIFO per (sender, receiver), like the inproc PUSH/PULL pipes, which hand the
-    message object itself to the receiver (zbk/actors/base.py). Each message travels with a
-    pickled snapshot taken at send: Sim checks it at delivery and again at the end, so a core
-    that changes a message (or a list inside one) after sending or receiving it fails."""
-
-    def __init__(self, pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]], sender: str) -> None:
-        self.pipes, self.sender = pipes, sender
-
-    def send(self, dest: str, msg: Any) -> None:
-        self.pipes[(self.sender, dest)].append((msg, pickle.dumps(msg, protocol=5)))
-
-
-def _unchanged(msg: Any, snapshot: bytes) -> None:
-    assert pickle.dumps(msg, protocol=5) == snapshot, f"message changed after it was sent: {msg!r}"
-
-
-class Sim:
     def __init__(self, root: Path, rng: random.Random, metadata: set[int], acked: set[tuple[int, int]]) -> None:
-        self.rng, self.metadata, self.acked = rng, metadata, acked
-        self.now = T0
-        self.logs, self.cache, self.journal = boot(root)
-        ldir, xdir = str(root / "ledgers"), str(root / "index")
-        self.state = GcStateFile(ldir, disk=DISK)
-        self.replies: list[Any] = []
-        states = {lid: LedgerState(master_key=self.cache.get_master_key(lid)) for lid in self.cache.ledgers()}
-        self.pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]] = collections.defaultdict(
-            collections.deque)
-        self.server = ServerCore(ledgers=states, journal_write_data=True, max_frame_bytes=1 << 20,
-                                 reply=lambda _i, frames: self.replies.append(decode_response(frames)),
-                                 outbox=PipeOutbox(self.pipes, "server"))
-        self.jcore = JournalCore(self.journal, outbox=PipeOutbox(self.pipes, "journal"), sync_data=False,
-                                 group_bytes_max=1 << 20, group_wait_s=0.002)
-        self.gc = GcCore(settings(gc_wait_s=0.5, minor_threshold=0.75, minor_interval_s=1.0, major_threshold=0.9,
-                                  major_interval_s=1e6, rate_bytes_per_s=100_000.0),
-                         outbox=PipeOutbox(self.pipes, "gc"), list_ledger_ids=lambda: set(self.metadata),
-                         state=self.state, suspect_below=self.logs.least_unflushed_log_id())
-        index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.3,
-                          persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
-        self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": index,
-                                      "entrylogger": EntryLoggerCore(self.logs,
-                                                                     outbox=PipeOutbox(self.pipes, "entrylogger")),
-                                      "gc": self.gc}
-        self.delivered: list[tuple[Any, bytes]] = []  # checked again in verify()
-        self.next_tick = {n: T0 + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
-        self.pending: dict[int, tuple[int, list[int]]] = {}
-        self.rid = 0
+        self.metadata = metadata
+        self.disk = SimDisk()
+        self.state = GcStateFile(str(root / "ledgers"), disk=self.disk)
+
+        def make_gc(storage: Storage, outbox: Outbox) -> GcCore:
+            return GcCore(settings(gc_wait_s=0.5, minor_threshold=0.75, minor_interval_s=1.0, major_threshold=0.9,
+                                   major_interval_s=1e6, rate_bytes_per_s=100_000.0),
+                          outbox=outbox, list_ledger_ids=lambda: set(self.metadata), state=self.state,
+                          suspect_below=storage.logs.least_unflushed_log_id())
+
+        self.sim = Sim(root, rng, acked, settings=SETTINGS, gc=make_gc, disk=self.disk)
+        self.gc: GcCore = self.sim.bookie.cores["gc"]
+        self.acked, self.rng = acked, rng
+        self.logs = self.sim.logs
+        self.cache = self.sim.cache
         self.gc_delivered = 0
+        self.next_eid: dict[int, int] = {}
+        self.sim.bookie.before_delivery = self._count
+
+    def _count(self, _dest: str, msg: Any) -> None:
+        self.gc_delivered += isinstance(msg, GC_MESSAGES)
+
+    @property
+    def now(self) -> float:
+        return self.sim.now
 
     def add(self, lid: int, eids: list[int]) -> None:
-        self.rid += 1
-        self.pending[self.rid] = (lid, eids)
-        req = w.AddRequest(rid=self.rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
-                           entries=[blob(lid, e) for e in eids])
-        self.server.on_request(b"client", encode(req), self.now)
+        def done(resp: Any) -> None:
+            assert isinstance(resp, w.AddResponse) and resp.status == Status.EOK, resp
+            self.acked.update((lid, e) for e in eids)
+
+        self.sim.send(lambda rid: w.AddRequest(rid=rid, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
+                                               entries=[blob(lid, e) for e in eids]), done)
 
     def step(self) -> None:
-        idle = not self.jcore.pending and not any(self.pipes.values())
-        # Nothing to deliver: jump to the next tick instead of spinning through idle time.
-        self.now = max(self.now + 0.001, min(self.next_tick.values())) if idle else self.now + 0.001
-        for name, at in self.next_tick.items():
-            if self.now >= at:
-                self.cores[name].on_tick(self.now)
-                self.next_tick[name] = self.now + self.cores[name].tick_interval_s
-        ready = [key for key, q in self.pipes.items() if q]
-        if ready:
-            key = self.rng.choice(ready)
-            msg, snapshot = self.pipes[key].popleft()
-            _unchanged(msg, snapshot)
-            self.delivered.append((msg, snapshot))
-            self.gc_delivered += isinstance(msg, GC_MESSAGES)
-            self.cores[key[1]].on_message(msg, self.now)
-        if self.jcore.pending and self.rng.random() < 0.3:  # the journal loop commits after a drain
-            self.jcore.commit()
-        for resp in self.replies:
-            if isinstance(resp, w.AddResponse):
-                lid, eids = self.pending.pop(resp.rid)
-                assert resp.status == Status.EOK, resp
-                self.acked.update((lid, e) for e in eids)
-        self.replies.clear()
+        self.sim.step()
 
-    def settle(self, steps_max: int = 20_000) -> None:
-        for _ in range(steps_max):
-            if (not self.pending and not any(self.pipes.values()) and not self.jcore.pending
-                    and not self.server.held_puts):  # the Server's tick sends the index updates it holds
-                return
-            self.step()
-        raise AssertionError("the cores did not settle")
+    def settle(self) -> None:
+        self.sim.settle()
 
     def verify(self) -> int:
-        """Every acknowledged entry of a live ledger reads back byte for byte (from storage),
-        and no message was changed by its sender or receiver after it was sent."""
-        for msg, snapshot in self.delivered:
-            _unchanged(msg, snapshot)
-        n = 0
-        for lid, eid in sorted(self.acked):
-            if lid in self.metadata:
-                loc = self.cache.get(lid, eid)
-                assert loc is not None, f"entry {lid}:{eid} lost"
-                assert self.logs.read(loc, lid, eid) == blob(lid, eid), f"entry {lid}:{eid} wrong bytes"
-                n += 1
-        return n
+        return self.sim.verify(live=self.metadata)
 
-    def log_bytes(self) -> int:
-        return sum(sum(per.values()) for per in self.logs.usage().values())
+    def crash(self) -> None:
+        self.sim.crash()
 
 
-def _fill(sim: Sim, next_eid: dict[int, int], ledgers: list[int], entries: int) -> None:
+def _fill(sim: GcBookie, next_eid: dict[int, int], ledgers: list[int], entries: int) -> None:
     """Interleaved batched adds to ``ledgers`` with deliveries in between, then settle."""
     todo = {lid: entries for lid in ledgers}
     while todo:
@@ -793,7 +693,7 @@ def _fill(sim: Sim, next_eid: dict[int, int], ledgers: list[int], entries: int) 
     sim.settle()
 
 
-def _gc_with_adds(sim: Sim, next_eid: dict[int, int], live: list[int], *, crash_at: int | None,
+def _gc_with_adds(sim: GcBookie, next_eid: dict[int, int], live: list[int], *, crash_at: int | None,
                   runs_wanted: int = 3) -> bool:
     """Trigger a run and let ``runs_wanted`` runs finish (the first one may find the newest
     logs not yet flushed) while adds keep arriving; True if it 'crashed' first."""
@@ -831,7 +731,7 @@ def test_sim_gc_frees_space_and_keeps_every_live_entry(tmp_path: Path, index: in
     print(f"ZBK_SEED={seed}")
     rng = random.Random(seed)
     metadata, acked = {1, 2, 3, 4}, set[tuple[int, int]]()
-    sim = Sim(tmp_path, rng, metadata, acked)
+    sim = GcBookie(tmp_path, rng, metadata, acked)
     next_eid = dict.fromkeys(metadata, 0)
     _fill(sim, next_eid, [1, 2, 4], 60)
     _fill(sim, next_eid, [3], 80)  # logs holding ledger 3 only: whole dead logs once it goes
@@ -865,31 +765,34 @@ def test_sim_gc_frees_space_and_keeps_every_live_entry(tmp_path: Path, index: in
     assert counter("zbk_gc_compactions_total", kind=MINOR) > compactions
     assert before_logs - set(sim.logs.log_ids()), "no log was deleted"
     assert sim.state.load() is None
+    sim.crash()
 
 
-def _crash_scenario(root: Path, seed: int, crash_at: int | None) -> tuple[bool, Sim]:
+def _crash_scenario(root: Path, seed: int, crash_at: int | None) -> tuple[bool, GcBookie]:
     """Four ledgers, two of them deleted, GC runs with adds arriving; kill -9 once
     ``crash_at`` GC messages were delivered (None: never). Returns (crashed, sim)."""
     rng = random.Random(seed)
     metadata, acked = {1, 2, 3, 4}, set[tuple[int, int]]()
-    sim = Sim(root, rng, metadata, acked)
+    sim = GcBookie(root, rng, metadata, acked)
     next_eid = dict.fromkeys(metadata, 0)
     _fill(sim, next_eid, [1, 2, 3, 4], 50)
     metadata -= {2, 3}
     crashed = _gc_with_adds(sim, next_eid, [1, 4], crash_at=crash_at)
-    sim.next_eid = next_eid  # type: ignore[attr-defined]
+    sim.next_eid = next_eid
+    sim.crash()  # kill -9 (at the crash point, or once the runs are over)
     return crashed, sim
 
 
-def _reboot_and_check(root: Path, sim: Sim, seed: int) -> None:
+def _reboot_and_check(root: Path, sim: GcBookie, seed: int) -> None:
     """Boot from what a kill -9 left; every acknowledged live entry reads back; the GC then
     redoes the interrupted work and leaves no suspect logs behind."""
-    rebooted = Sim(root, random.Random(seed + 1), sim.metadata, sim.acked)
+    rebooted = GcBookie(root, random.Random(seed + 1), sim.metadata, sim.acked)
     assert rebooted.verify() > 0
     # Boot flushed every log, so the first run sees them all sealed and schedules the suspects.
-    _gc_with_adds(rebooted, sim.next_eid, [1, 4], crash_at=None, runs_wanted=1)  # type: ignore[attr-defined]
+    _gc_with_adds(rebooted, sim.next_eid, [1, 4], crash_at=None, runs_wanted=1)
     rebooted.verify()
     assert rebooted.state.load() is None, "the copies of an interrupted compaction were not dealt with"
+    rebooted.crash()
 
 
 @pytest.mark.parametrize("index", range(8))

@@ -2,76 +2,60 @@
 
 MULTI_ADD over many ledgers whose index pages are in their files but not in the cache (a
 small cache, and every boot starts with none): their puts are deltas, and checkpoints write
-only the changed slots in place. A kill -9 (every object abandoned, nothing closed; the page
-cache keeps what was written) lands at a random step, also in the middle of checkpoints;
-after a boot (journal replay from the last mark) every acknowledged entry reads back.
+only the changed slots in place. The cores run under the actor simulation
+(tests/helpers/actorsim.py). A kill -9 (the page cache keeps what was written, what was only
+in memory is gone) lands at a random step, also in the middle of checkpoints; after a boot
+(journal replay from the last mark) every acknowledged entry reads back.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.actorsim import MK, BookieSettings, Sim, blob
 
-from zbk.actors.entrylogger import EntryLoggerCore
-from zbk.actors.indexsyncer import IndexCore
-from zbk.actors.journal import JournalCore
 from zbk.actors.messages import Checkpoint
-from zbk.actors.server import LedgerState, ServerCore
-from zbk.storage.entrylog import EntryLogWriter
 from zbk.storage.index import PAGE_BYTES
-from zbk.storage.journal import JournalWriter, LogMark
-from zbk.storage.ledgercache import LedgerCache
-from zbk.storage.markers import write_last_mark
 from zbk.wire import messages as w
-from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
 
-from .test_gc import DISK, MK, T0, PipeOutbox, _unchanged, blob
-from .test_gc import boot as gc_boot
-
 LEDGERS = range(1, 121)
-CACHE_BYTES = 8 * PAGE_BYTES  # far fewer pages than ledgers: most puts find no page cached
+# Far fewer index pages cached than ledgers: most puts find no page cached.
+SETTINGS = BookieSettings(flush_interval_s=0.05, log_bytes=256 * 1024, write_buffer_bytes=4096,
+                          cache_bytes=8 * PAGE_BYTES, group_bytes_max=1 << 20, group_wait_s=0.002,
+                          max_frame_bytes=1 << 24)
 
 
-def boot(root: Path) -> tuple[EntryLogWriter, LedgerCache, JournalWriter]:
-    """The storage half of Bookie.boot (tests/actors/test_gc.py's), with a small cache."""
-    return gc_boot(root, log_bytes=256 * 1024, write_buffer_bytes=4096, cache_bytes=CACHE_BYTES)
+class DeltaBookie:
+    """A bookie under the actor simulation (tests/helpers/actorsim.py) that counts the
+    index messages delivered while the cache held deltas."""
 
-
-class Sim:
     def __init__(self, root: Path, rng: random.Random, acked: set[tuple[int, int]]) -> None:
+        self.sim = Sim(root, rng, acked, settings=SETTINGS, keep_delivered=False)
         self.rng, self.acked = rng, acked
-        self.now = T0
-        self.logs, self.cache, self.journal = boot(root)
-        xdir = str(root / "index")
-        self.replies: list[Any] = []
-        states = {lid: LedgerState(master_key=self.cache.get_master_key(lid)) for lid in self.cache.ledgers()}
-        self.pipes: dict[tuple[str, str], collections.deque[tuple[Any, bytes]]] = collections.defaultdict(
-            collections.deque)
-        self.server = ServerCore(ledgers=states, journal_write_data=True, max_frame_bytes=1 << 24,
-                                 reply=lambda _i, frames: self.replies.append(decode_response(frames)),
-                                 outbox=PipeOutbox(self.pipes, "server"))
-        self.jcore = JournalCore(self.journal, outbox=PipeOutbox(self.pipes, "journal"), sync_data=False,
-                                 group_bytes_max=1 << 20, group_wait_s=0.002)
-        self.index = IndexCore(self.cache, outbox=PipeOutbox(self.pipes, "index"), flush_interval_s=0.05,
-                               persist_mark=lambda mark: write_last_mark(xdir, LogMark(*mark), disk=DISK))
-        self.cores: dict[str, Any] = {"server": self.server, "journal": self.jcore, "index": self.index,
-                                      "entrylogger": EntryLoggerCore(self.logs,
-                                                                     outbox=PipeOutbox(self.pipes, "entrylogger"))}
-        self.next_tick = {n: T0 + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
-        self.pending: dict[int, list[tuple[int, list[int]]]] = {}
-        self.rid = 0
-        self.steps = 0
+        self.cache = self.sim.cache
         self.delta_puts_seen = 0  # index messages delivered while the cache held deltas
         self.delta_checkpoints = 0  # checkpoints that started with deltas to write
+        self.sim.bookie.before_delivery = self._count
+
+    def _count(self, dest: str, msg: Any) -> None:
+        if dest == "index" and self.cache._deltas:
+            self.delta_puts_seen += 1
+            self.delta_checkpoints += isinstance(msg, Checkpoint)
+
+    @property
+    def steps(self) -> int:
+        return self.sim.steps
+
+    @property
+    def pending(self) -> dict[int, Any]:
+        return self.sim.waiting
 
     def multi_add(self, next_eid: dict[int, int]) -> None:
-        self.rid += 1
         parts, shape = [], []
         for lid in sorted(self.rng.sample(list(LEDGERS), self.rng.randrange(20, len(LEDGERS)))):
             eids = list(range(next_eid[lid], next_eid[lid] + self.rng.randrange(1, 3)))
@@ -79,52 +63,28 @@ class Sim:
             parts.append(w.AddRequest(rid=0, ledger_id=lid, master_key=MK, flags=w.AddFlag(0),
                                       entries=[blob(lid, e) for e in eids]))
             shape.append((lid, eids))
-        self.pending[self.rid] = shape
-        self.server.on_request(b"client", encode(w.MultiAddRequest(rid=self.rid, parts=parts)), self.now)
 
-    def step(self) -> None:
-        self.steps += 1
-        idle = not self.jcore.pending and not any(self.pipes.values())
-        self.now = max(self.now + 0.001, min(self.next_tick.values())) if idle else self.now + 0.001
-        for name, at in self.next_tick.items():
-            if self.now >= at:
-                self.cores[name].on_tick(self.now)
-                self.next_tick[name] = self.now + self.cores[name].tick_interval_s
-        ready = [key for key, q in self.pipes.items() if q]
-        if ready:
-            key = self.rng.choice(ready)
-            msg, snapshot = self.pipes[key].popleft()
-            _unchanged(msg, snapshot)
-            if key[1] == "index" and self.cache._deltas:
-                self.delta_puts_seen += 1
-                self.delta_checkpoints += isinstance(msg, Checkpoint)
-            self.cores[key[1]].on_message(msg, self.now)
-        if self.jcore.pending and self.rng.random() < 0.3:  # the journal loop commits after a drain
-            self.jcore.commit()
-        for resp in self.replies:
+        def done(resp: Any) -> None:
             assert isinstance(resp, w.MultiAddResponse), resp
-            shape = self.pending.pop(resp.rid)
             assert list(resp.statuses) == [Status.EOK] * len(shape), resp
             self.acked.update((lid, e) for lid, eids in shape for e in eids)
-        self.replies.clear()
+
+        self.sim.send(lambda rid: w.MultiAddRequest(rid=rid, parts=parts), done)
+
+    def step(self) -> None:
+        self.sim.step()
 
     def settle(self) -> None:
-        for _ in range(50_000):
-            if (not self.pending and not any(self.pipes.values()) and not self.jcore.pending
-                    and not self.server.held_puts):  # the Server's tick sends the index updates it holds
-                return
-            self.step()
-        raise AssertionError("the cores did not settle")
+        self.sim.settle()
 
     def verify(self) -> int:
-        for lid, eid in sorted(self.acked):
-            loc = self.cache.get(lid, eid)
-            assert loc is not None, f"entry {lid}:{eid} lost"
-            assert self.logs.read(loc, lid, eid) == blob(lid, eid), f"entry {lid}:{eid} wrong bytes"
-        return len(self.acked)
+        return self.sim.verify()
+
+    def crash(self) -> None:
+        self.sim.crash()
 
 
-def _run(sim: Sim, next_eid: dict[int, int], requests: int, crash_at: int | None) -> bool:
+def _run(sim: DeltaBookie, next_eid: dict[int, int], requests: int, crash_at: int | None) -> bool:
     """``requests`` MULTI_ADDs, a few in flight at a time, with deliveries in between; True
     when it 'crashed' (stopped dead) at step ``crash_at``."""
     for _ in range(requests):
@@ -151,15 +111,17 @@ def test_sim_multi_add_over_many_ledgers_writes_deltas_and_reads_back(tmp_path: 
     print(f"ZBK_SEED={seed}")
     acked: set[tuple[int, int]] = set()
     next_eid = dict.fromkeys(LEDGERS, 0)
-    sim = Sim(tmp_path, random.Random(seed), acked)
+    sim = DeltaBookie(tmp_path, random.Random(seed), acked)
     assert not _run(sim, next_eid, 40, None)
     assert sim.delta_puts_seen > 0 and sim.delta_checkpoints > 0, "no checkpoint wrote deltas"
     assert sim.verify() > 1000
-    rebooted = Sim(tmp_path, random.Random(seed + 1), acked)  # a clean restart: nothing cached
+    sim.crash()
+    rebooted = DeltaBookie(tmp_path, random.Random(seed + 1), acked)  # a restart: nothing cached
     assert rebooted.verify() == len(acked)
     assert not _run(rebooted, next_eid, 10, None)
     assert rebooted.delta_checkpoints > 0
     assert rebooted.verify() == len(acked)
+    rebooted.crash()
 
 
 @pytest.mark.parametrize("index", range(6))
@@ -170,15 +132,17 @@ def test_sim_kill9_at_a_random_step_loses_no_acknowledged_entry(tmp_path: Path, 
     acked: set[tuple[int, int]] = set()
     next_eid = dict.fromkeys(LEDGERS, 0)
     root = tmp_path / "b"
-    sim = Sim(root, random.Random(seed), acked)
+    sim = DeltaBookie(root, random.Random(seed), acked)
     assert not _run(sim, next_eid, 8, None)  # every ledger's index file exists
     for crash in range(3):  # kill -9, boot, more adds (now deltas from the start), kill -9 again
         crashed = _run(sim, next_eid, 500, crash_at=sim.steps + rng.randrange(50, 1500))
         assert crashed, "the run ended before its crash point"
-        sim = Sim(root, random.Random(seed + crash + 1), acked)
+        sim.crash()
+        sim = DeltaBookie(root, random.Random(seed + crash + 1), acked)
         sim.verify()
     assert not _run(sim, next_eid, 5, None)
     assert sim.verify() == len(acked) > 0
+    sim.crash()
 
 
 # -- a real bookie process: checkpoints with deltas, kill -9, every acknowledged entry back ---

@@ -1,27 +1,30 @@
 """Deterministic simulation of a zbk cluster for the client library (docs/client.md).
 
-The client's protocol code (zbk/client) runs unchanged; everything around it is simulated
-in one thread, in virtual time, from one seed:
+The client's protocol code (zbk/client) and the bookies' cores (zbk/actors) run unchanged;
+the network, the disks' failures and time are simulated, in one thread, from one seed:
 
 * :class:`VirtualTimeLoop` is an asyncio event loop whose clock only moves when nothing is
   ready to run: it then jumps to the next timer. A 10 s add timeout costs no wall time, and
   a run is a pure function of its seed. When nothing is ready and no timer is pending, every
   task waits for something that can never happen: :class:`SimDeadlockError`.
-* :class:`MemoryMetadataStore` is a dict with etcd's revision/CAS model (the contract of
-  zbk/metadata/store.py), so LedgerStore and list_bookies run on it unchanged.
-* :class:`SimBookie` mirrors the request semantics of the real bookie (zbk/actors/server.py):
-  master key (EUA), fencing creates the ledger, EFENCED for plain adds to fenced ledgers,
-  RECOVERY_ADD accepted, limbo turns explicit negatives into EUNKNOWN, LAC = the highest
-  LAC piggybacked on stored entries, long polls. It adds fault knobs: unreachable, crashed
-  (refused fast), paused (answers held), random drops of requests or replies, delays,
-  forced statuses, load shedding, and crashes that lose what was not synced, followed by
-  BP-46 phase one (fence + limbo) on restart if asked.
-* :class:`SimTransport` implements zbk.client.transport.Transport; every message goes
-  through the real wire codec (encode, then decode) on the way in and out, so the client
-  and the simulated bookie exchange exactly what the real ones would.
+* The metadata store is zbk's own :class:`zbk.metadata.memory.MemoryMetadataStore` on the
+  virtual clock, with watches delivered inline, so LedgerStore, list_bookies and the
+  replicators' registry run on it unchanged.
+* :class:`BookieNode` is one bookie: the real ``ServerCore``, ``JournalCore``,
+  ``EntryLoggerCore`` and ``IndexCore`` under the actor simulation
+  (tests/helpers/actorsim.py), on files of its own in a temporary directory, stepped by
+  the loop (one message per callback, in a seeded order; ticks on the virtual clock). A
+  crash is kill -9 or a power loss, modelled on the files (the actor simulation's module
+  doc says what survives each); a restart boots the real cores on what survived, with
+  BP-46 phase one when zbk's bookie would run it (or as a scenario asks). Around the cores
+  the node has fault knobs: unreachable, crashed (refused fast), paused (requests held),
+  random drops of requests or replies, delays, forced statuses, load shedding, read-only.
+* :class:`SimTransport` implements zbk.client.transport.Transport; every request goes
+  through the real wire codec to the bookie's ServerCore, which answers in encoded frames
+  that the client decodes, so the two exchange exactly what the real ones would.
 * :class:`SimContext` is the client's ClientContext with the metadata seams
-  (read_metadata / write_metadata / writable_bookies) calling the in-memory store directly,
-  after a seeded virtual delay, instead of through a worker thread.
+  (read_metadata / write_metadata / writable_bookies) calling the store directly, after a
+  seeded virtual delay, instead of through a worker thread.
 
 Seeds: :func:`seed_from_env` prints ``ZBK_SEED=<n>``; setting ZBK_SEED replays a run.
 """
@@ -34,27 +37,33 @@ import itertools
 import os
 import random
 import selectors
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from zbk import limits
+from helpers.actorsim import (
+    DEFAULT_SETTINGS,
+    BookieCores,
+    BookieSettings,
+    SimDisk,
+    VirtualClock,
+    open_storage,
+    phase_one,
+    publish_limbo_marks,
+)
+
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
-from zbk.client.digest import master_key
 from zbk.client.dispatch import _request_then
 from zbk.client.handles import LedgerEntry, LedgerHandle
 from zbk.config import ClientConfig
-from zbk.errors import (
-    BookieUnavailableError,
-    KeyExistsError,
-    LeaseExpiredError,
-    MetadataVersionError,
-    ZbkError,
-)
+from zbk.errors import BookieUnavailableError, ZbkError
 from zbk.metadata import layout
 from zbk.metadata.ledger import LedgerMetadata
+from zbk.metadata.memory import MemoryMetadataStore
 from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
-from zbk.metadata.store import KeyValue, WatchCallback, WatchEvent, iter_prefix
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_request, decode_response, encode
 from zbk.wire.entry import peek_entry_header
@@ -88,6 +97,10 @@ class SimTimeLimitError(RuntimeError):
     """Virtual time passed the run's limit: something keeps retrying without progress."""
 
 
+class SimCoreError(RuntimeError):
+    """A bookie's core raised: the bookie would have stopped with an actor's exit code."""
+
+
 class SimLivelockError(RuntimeError):
     """The loop kept running callbacks without the clock moving: a busy loop that never
     waits (a retry without a sleep), which would spin forever on a real loop too."""
@@ -112,6 +125,7 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._keys.pop(fileobj)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._loop.check_failure()
         if timeout is None:
             raise SimDeadlockError("no task can make progress and no timer is pending:\n" + _pending_tasks(self._loop))
         self._loop.advance(timeout)
@@ -164,9 +178,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # timer's exact time by an ulp, so allow a microsecond.
         self._clock_resolution = 1e-6
         self.set_default_executor(_InlineExecutor())
+        self.closers: list[Callable[[], None]] = []  # called by run() at the end (SimCluster.close)
+        self.failure: BaseException | None = None  # see fail()
 
     def time(self) -> float:
         return self._now
+
+    def fail(self, error: BaseException) -> None:
+        """A bookie's core raised (in a loop callback, where asyncio would only log it): the
+        run ends with :class:`SimCoreError` at the next loop iteration. A core that raises
+        stops the whole bookie in zbk; here it is a finding."""
+        if self.failure is None:
+            self.failure = error
+
+    def check_failure(self) -> None:
+        if self.failure is not None:
+            raise SimCoreError(f"a bookie core raised {type(self.failure).__name__}: {self.failure}") from self.failure
 
     def advance(self, seconds: float) -> None:
         """Called once per loop iteration, with 0 when callbacks are ready."""
@@ -200,140 +227,28 @@ def run(main: Coroutine[Any, Any, T], *, time_limit_s: float = SIM_TIME_LIMIT_S,
                 t.cancel()
             if leftovers:
                 loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
-        except (SimDeadlockError, SimTimeLimitError, SimLivelockError):
+        except (SimDeadlockError, SimTimeLimitError, SimLivelockError, SimCoreError):
             pass  # a task that ignores cancellation: the original outcome is what matters
         finally:
+            for close in loop.closers:
+                close()
             loop.close()
-
-
-# -- metadata ---------------------------------------------------------------------------------
-class _MemoryWatch:
-    def __init__(self, store: MemoryMetadataStore, prefix: str, callback: WatchCallback, last: int) -> None:
-        self.store, self.prefix, self.callback = store, prefix, callback
-        self._last = last
-
-    def deliver(self, ev: WatchEvent) -> None:
-        if ev.key.startswith(self.prefix):
-            self._last = ev.revision
-            self.callback(ev)
-
-    def cancel(self) -> None:
-        if self in self.store._watches:
-            self.store._watches.remove(self)
-
-    @property
-    def last_revision(self) -> int:
-        return self._last
-
-
-class MemoryMetadataStore:
-    """The MetadataStore contract (zbk/metadata/store.py) on a dict: one store-wide
-    revision, a key's version is the revision of its last change, CAS compares it. Calls
-    are synchronous and instantaneous; SimContext adds the network delay around them.
-    Watches are delivered inline, in revision order."""
-
-    uri = "memory://sim"
-
-    def __init__(self) -> None:
-        self._data: dict[str, KeyValue] = {}
-        self._rev = 0
-        self._log: list[WatchEvent] = []  # every change, for watches from an old revision
-        self._watches: list[_MemoryWatch] = []
-        self._leases: dict[int, set[str]] = {}
-        self._lease_ids = itertools.count(1)
-
-    def _changed(self, ev: WatchEvent) -> None:
-        self._log.append(ev)
-        for watch in list(self._watches):
-            watch.deliver(ev)
-
-    def get(self, key: str) -> KeyValue | None:
-        return self._data.get(key)
-
-    def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:
-        if lease is not None and lease not in self._leases:
-            raise LeaseExpiredError(f"lease {lease} is gone")
-        self._rev += 1
-        old = self._data.get(key)
-        if old is not None and old.lease is not None:
-            self._leases.get(old.lease, set()).discard(key)
-        if lease is not None:
-            self._leases[lease].add(key)
-        self._data[key] = KeyValue(key, bytes(value), self._rev, old.create_revision if old else self._rev, lease)
-        self._changed(WatchEvent("put", key, bytes(value), self._rev))
-        return self._rev
-
-    def create(self, key: str, value: bytes, *, lease: int | None = None) -> int:
-        if key in self._data:
-            raise KeyExistsError(f"{key} exists")
-        return self.put(key, value, lease=lease)
-
-    def cas(self, key: str, value: bytes, version: int, *, lease: int | None = None) -> int:
-        kv = self._data.get(key)
-        if kv is None or kv.version != version:
-            raise MetadataVersionError(f"{key}: version {version} is not current")
-        return self.put(key, value, lease=lease)
-
-    def delete(self, key: str, *, version: int | None = None) -> bool:
-        kv = self._data.get(key)
-        if kv is None:
-            if version is not None:
-                raise MetadataVersionError(f"{key} is absent")
-            return False
-        if version is not None and kv.version != version:
-            raise MetadataVersionError(f"{key}: version {version} is not current")
-        del self._data[key]
-        if kv.lease is not None:
-            self._leases.get(kv.lease, set()).discard(key)
-        self._rev += 1
-        self._changed(WatchEvent("delete", key, None, self._rev))
-        return True
-
-    def list(self, prefix: str, *, start_after: str | None = None,
-             limit: int = limits.metadata_list_page_keys) -> list[KeyValue]:
-        keys = sorted(k for k in self._data if k.startswith(prefix) and (start_after is None or k > start_after))
-        return [self._data[k] for k in keys[:limit]]
-
-    def revision(self) -> int:
-        return self._rev
-
-    def watch(self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None) -> _MemoryWatch:
-        start = self._rev + 1 if start_revision is None else start_revision  # never compacted
-        watch = _MemoryWatch(self, prefix, callback, start - 1)
-        for ev in self._log:
-            if ev.revision >= start:
-                watch.deliver(ev)
-        self._watches.append(watch)
-        return watch
-
-    def grant_lease(self, ttl_s: int) -> int:
-        lease = next(self._lease_ids)
-        self._leases[lease] = set()
-        return lease
-
-    def keepalive(self, lease: int, *, timeout_s: float | None = None) -> None:
-        if lease not in self._leases:
-            raise LeaseExpiredError(f"lease {lease} is gone")
-
-    def revoke_lease(self, lease: int) -> None:
-        for key in sorted(self._leases.pop(lease, set())):
-            self.delete(key)
-
-    def close(self) -> None:
-        self._watches.clear()
 
 
 # -- bookies ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class BootPolicy:
-    """What a bookie does at boot after an unclean shutdown (BP-46 phase one), for every
-    ledger that is not CLOSED and has it in an ensemble."""
+    """BP-46 phase one at a restart, for every ledger that is not CLOSED and has the bookie
+    in an ensemble. zbk's bookie does both after an unclean shutdown whenever adds were not
+    durable (journal_write_data or journal_sync_data off) or its disks were replaced; the
+    scenarios also turn either off, to show what each one protects."""
 
     fence: bool = True  # mark it fenced, so no plain add is accepted (scenario 1)
     limbo: bool = True  # mark it limbo, so no read answers an explicit negative (scenario 2)
 
 
 NO_PROTECTION = BootPolicy(fence=False, limbo=False)
+ZBK_BOOT = None  # restart(ZBK_BOOT): phase one exactly when zbk's bookie runs it
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,131 +268,181 @@ class Rule:
     seconds: float = 0.0
 
 
-@dataclass(slots=True)
-class _Poll:
-    req: w.ReadRequest
-    reply: Callable[[Any], None]
+Answer = Callable[[Any], None]  # takes a decoded response, or the exception that fails the request
 
 
-@dataclass(slots=True)
-class SimLedger:
-    """A bookie's state of one ledger: what it holds now and what survives a crash."""
+class BookieNode:
+    """One bookie of the simulation: the real cores on files under the cluster's directory
+    (see the module doc), run on the cluster's loop, plus fault knobs. Requests arrive
+    through SimCluster.send; the ServerCore's answers go back through the ``reply`` given
+    with each request (later for long polls, and for everything while paused)."""
 
-    master_key: bytes | None
-    fenced: bool = False
-    fence_synced: bool = False
-    limbo: bool = False  # set by phase one only, always durably
-    entries: dict[int, bytes] = field(default_factory=dict)
-    synced: dict[int, bytes] = field(default_factory=dict)
-    explicit_lac: int = -1  # journaled by WRITE_LAC, so durable
-    lac: int = -1
-    polls: list[_Poll] = field(default_factory=list)
-    write_closed: bool = False
-
-    def recompute_lac(self) -> None:
-        self.lac = max([self.explicit_lac, *(peek_entry_header(b)[2] for b in self.entries.values())])
-
-
-class SimBookie:
-    """One bookie: the request semantics of zbk/actors/server.py on in-memory state, plus
-    fault knobs. Requests arrive through SimCluster.send; answers go back through the
-    ``reply`` callback given with each request (later, for long polls and paused bookies).
-
-    Durability: with ``journal_data`` an add is synced before it is acknowledged (the
-    journal); without, it is synced only by :meth:`flush` (the entry log's periodic sync)
-    and a crash loses it. ``journal_fence`` likewise for the fence bit: zbk's real bookie
-    and BP-46 journal it always; turning it off is the pre-BP-46 journal-less bookie.
-    """
-
-    def __init__(self, cluster: SimCluster, bookie_id: str, *, journal_data: bool = True,
-                 journal_fence: bool = True) -> None:
+    def __init__(self, cluster: SimCluster, bookie_id: str, settings: BookieSettings) -> None:
         self.cluster = cluster
+        self.loop: VirtualTimeLoop = cluster.loop
         self.id = bookie_id
-        self.journal_data = journal_data
-        self.journal_fence = journal_fence
-        self.ledgers: dict[int, SimLedger] = {}
+        self.settings = settings
+        self.root = cluster.root / bookie_id.replace(":", "_")
+        self.disk = SimDisk()
+        self.rng = random.Random(cluster.rng.getrandbits(64))  # the order the cores' messages go in
+        self.cores: BookieCores | None = None
         self.incarnation = 0  # bumped by each crash: requests in flight to the old one are lost
+        self.disks_replaced = False
+        self.phase_one_ledgers = 0  # open ledgers the last boot fenced / put in limbo
+        self._routes: dict[tuple[bytes, int], Answer] = {}  # (client, rid) -> where its answer goes
+        self._step_handle: asyncio.Handle | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._injected = itertools.count(1)
         # Fault knobs.
-        self.running = True  # False after crash(): connections are refused at once
+        self.running = False  # False after crash(): connections are refused at once
         self.unreachable = False  # "down": requests and answers vanish, clients time out
-        self.paused = False  # alive but frozen: requests and answers are held until resume()
+        self.paused = False  # alive but frozen: requests wait, the cores do nothing, until resume()
         self.read_only = False
         self.drop_rate = 0.0  # fraction of requests lost (half before, half after processing)
         self.delay_s = 0.0  # each message takes uniform(0, delay_s) longer, FIFO per connection
         self.shed_rate = 0.0  # fraction of requests answered ETOOMANYREQUESTS unread
-        self.add_status: Status | None = None  # forced answers (no side effect) per op
+        self.add_status: Status | None = None  # forced answers per op, nothing done
         self.read_status: Status | None = None
         self.lac_status: Status | None = None
+        self.add_status_of: dict[int, Status] = {}  # ledger id -> forced answer to its plain adds
         self.rules: list[Rule] = []
         self._held: list[Callable[[], None]] = []
         # What it has seen, for assertions.
         self.requests = 0
         self.fence_requests = 0
+        self._boot(ZBK_BOOT)
 
     def __repr__(self) -> str:
-        return f"<SimBookie {self.id}>"
+        return f"<BookieNode {self.id}>"
+
+    # -- the process --------------------------------------------------------------------------
+    def _boot(self, policy: BootPolicy | None) -> None:
+        """Start the real cores on the files (the storage half of BookieBoot.boot, phase one,
+        the limbo repair marks): the first boot, or a restart after a crash."""
+        self.disk.revive()
+        storage = open_storage(self.root, self.settings, self.disk, VirtualClock(self.loop.time))
+        if policy is None:
+            protect = self.disks_replaced or (storage.unclean and not self.settings.durable_adds)
+            policy = BootPolicy(fence=protect, limbo=protect)
+        meta = self.cluster.meta
+        self.phase_one_ledgers = 0
+        if policy.fence or policy.limbo:
+            self.phase_one_ledgers = phase_one(storage.cache, meta, self.id, fence=policy.fence, limbo=policy.limbo)
+        publish_limbo_marks(storage.cache, meta, self.id)
+        self.disks_replaced = False
+        self.cores = BookieCores(self.root, storage, self.settings, self.disk, self.rng, reply=self._reply,
+                                 now=self.loop.time())
+        if self.read_only:
+            self.cores.server.set_forced_read_only(True)
+        self.running = True
+        self._schedule_tick()
+
+    @property
+    def server(self) -> Any:
+        assert self.cores is not None, f"{self.id} is not running"
+        return self.cores.server
+
+    def _step(self) -> None:
+        """One delivery between the cores (one loop callback, so that other events of the
+        same instant interleave with the cores' work)."""
+        self._step_handle = None
+        if self.cores is None or self.paused:
+            return
+        try:
+            self.cores.step(self.loop.time())
+        except BaseException as e:
+            self.loop.fail(e)
+            raise
+        self._kick()
+
+    def _kick(self) -> None:
+        """After the cores' state changed: the next step if something is ready, and an
+        earlier tick if the Server now has work for one (BookieCores skips its idle ticks)."""
+        cores = self._running_cores()
+        if cores is None:
+            return
+        if self._step_handle is None and cores.busy():
+            self._step_handle = self.loop.call_soon(self._step)
+        if self._tick_handle is None or cores.server_tick_before(self._tick_handle.when()):
+            self._schedule_tick()
+
+    def _running_cores(self) -> BookieCores | None:
+        return None if self.paused else self.cores
+
+    def _schedule_tick(self) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._tick_handle = None
+        cores = self._running_cores()
+        if cores is not None:
+            self._tick_handle = self.loop.call_at(cores.next_tick_at(), self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        if self.cores is None or self.paused:
+            return
+        try:
+            self.cores.tick(self.loop.time())
+        except BaseException as e:
+            self.loop.fail(e)
+            raise
+        self._kick()  # arms the next tick too
+
+    def _stop_cores(self, *, power_loss: bool) -> None:
+        for handle in (self._step_handle, self._tick_handle):
+            if handle is not None:
+                handle.cancel()
+        self._step_handle = self._tick_handle = None
+        self._routes.clear()
+        if self.cores is not None:
+            self.cores.crash(power_loss=power_loss)
+            self.cores = None
 
     # -- faults ------------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
 
     def resume(self) -> None:
-        """Process what arrived while paused, in order, and send the held answers."""
+        """Process what arrived while paused, in order; the cores go on from where they were."""
         self.paused = False
         held, self._held = self._held, []
         for work in held:
             work()
+        self._kick()
+        self._schedule_tick()
 
-    def flush(self) -> None:
-        """Sync everything (the entry log's periodic flush)."""
-        for st in self.ledgers.values():
-            st.synced = dict(st.entries)
-            st.fence_synced = st.fenced
-
-    def crash(self) -> None:
-        """The process dies: unsynced adds (and, without ``journal_fence``, fences) are lost,
-        held and in-flight requests with them. Clients are refused until :meth:`restart`."""
+    def crash(self, *, power_loss: bool = True) -> None:
+        """The process dies (kill -9, or the machine loses power: the default, which loses
+        more). Held and in-flight requests go with it; clients are refused until
+        :meth:`restart`."""
+        assert self.running, f"{self.id} is not running"
         self.running = False
         self.paused = False
         self.incarnation += 1
         self._held.clear()
-        for st in self.ledgers.values():
-            st.entries = dict(st.synced)
-            st.fenced = st.fence_synced
-            st.polls.clear()
-            st.recompute_lac()
+        self._stop_cores(power_loss=power_loss)
         self.cluster.unregister(self.id)
 
     def wipe(self) -> None:
-        """Crash and lose the disks too (a replaced disk: a fixed cookie, BP-46)."""
+        """Crash and lose the disks too (a replaced disk: the cookie check fails, BP-46)."""
         self.crash()
-        self.ledgers.clear()
+        self.disk.wipe(self.root)
+        self.disks_replaced = True
 
-    def restart(self, boot: BootPolicy = NO_PROTECTION) -> int:
-        """Start again after :meth:`crash`. With ``boot``, run BP-46 phase one as zbk's bookie
-        does (zbk/bookie/boot.py): each non-closed ledger with this bookie in an ensemble
-        becomes fenced and/or limbo, durably. Returns how many ledgers it marked."""
+    def restart(self, boot: BootPolicy | None = ZBK_BOOT) -> int:
+        """Start again after :meth:`crash` on the files that survived; ``boot``: phase one
+        as zbk decides (ZBK_BOOT), or as given. Returns how many ledgers phase one marked."""
         assert not self.running, f"{self.id} is running"
-        marked = 0
-        if boot.fence or boot.limbo:
-            for kv in iter_prefix(self.cluster.meta, layout.LEDGERS):
-                md = LedgerMetadata.decode(kv.value)
-                if md.is_closed or self.id not in md.all_bookies():
-                    continue
-                st = self._ensure(md.ledger_id, master_key(md.password))
-                if boot.fence:
-                    st.fenced = st.fence_synced = True
-                if boot.limbo:
-                    st.limbo = True
-                marked += 1
-        self.running = True
+        self._boot(boot)
         self.cluster.register(self.id)
-        return marked
+        return self.phase_one_ledgers
 
     def set_read_only(self, read_only: bool) -> None:
-        """Refuse adds with EREADONLY and move the registration to readonly (as a full disk does)."""
+        """Refuse adds with EREADONLY (the Server's own read-only mode, as an operator sets
+        it) and move the registration to readonly, as a full disk does."""
         self.read_only = read_only
         if self.running:
+            self.server.set_forced_read_only(read_only)
             self.cluster.register(self.id)
 
     def clear_faults(self) -> None:
@@ -487,9 +452,15 @@ class SimBookie:
             self.set_read_only(False)
         self.drop_rate = self.delay_s = self.shed_rate = 0.0
         self.add_status = self.read_status = self.lac_status = None
+        self.add_status_of.clear()
         self.rules.clear()
         if self.paused:
             self.resume()
+
+    def close(self) -> None:
+        """The simulation is over: release the files (a kill -9, nothing written)."""
+        self._stop_cores(power_loss=False)
+        self.running = False
 
     # -- delivery (called by SimCluster) --------------------------------------------------------
     def arrive(self, incarnation: int, work: Callable[[], None]) -> None:
@@ -503,241 +474,125 @@ class SimBookie:
     def can_answer(self, incarnation: int) -> bool:
         return self.running and not self.unreachable and incarnation == self.incarnation
 
-    def hold(self, work: Callable[[], None]) -> bool:
-        """Hold an answer produced while paused (a long poll expiring); True if held."""
-        if self.paused:
-            self._held.append(work)
-            return True
-        return False
-
-    # -- requests (mirror of zbk/actors/server.py) --------------------------------------------
-    def handle(self, req: Any, reply: Callable[[Any], None]) -> None:
+    def handle(self, client: str, req: Any, frames: list[bytes], reply: Answer) -> None:
+        """A request from ``client``: a forced answer, or the ServerCore's."""
         self.requests += 1
-        if self.shed_rate and self.cluster.rng.random() < self.shed_rate:
-            reply(w.ErrorResponse(rid=req.rid, status=Status.ETOOMANYREQUESTS))
+        flags = getattr(req, "flags", 0)
+        if isinstance(req, (w.ReadRequest, w.ReadLacRequest)) and flags & ReadFlag.FENCE:
+            self.fence_requests += 1
+        forced = self._forced(req)
+        if forced is not None:
+            reply(forced)
             return
+        ident = client.encode()
+        if isinstance(req, w.MultiAddRequest) and self.add_status_of:
+            frames, reply = self._split_multi_add(req, frames, reply)
+            if not frames:
+                return
+        self._routes[(ident, req.rid)] = reply
+        assert self.cores is not None
+        self.cores.request(ident, frames, self.loop.time())
+        self._kick()
+
+    def _forced(self, req: Any) -> Any | None:
+        """The answer of a knob that answers without doing anything, or None."""
+        rid = req.rid
+        if self.shed_rate and self.cluster.rng.random() < self.shed_rate:
+            return w.ErrorResponse(rid=rid, status=Status.ETOOMANYREQUESTS)
         if isinstance(req, w.AddRequest):
-            reply(self._add(req))
-        elif isinstance(req, w.MultiAddRequest):  # each part as if it came alone
-            reply(w.MultiAddResponse(rid=req.rid, status=Status.EOK,
-                                     statuses=tuple(self._add(part).status for part in req.parts)))
-        elif isinstance(req, w.ReadRequest):
-            self._read(req, reply)
-        elif isinstance(req, w.ReadLacRequest):
-            reply(self._read_lac(req))
-        elif isinstance(req, w.WriteLacRequest):
-            reply(self._write_lac(req))
-        elif isinstance(req, w.ForceLedgerRequest):
-            reply(self._force(req))
-        elif isinstance(req, w.WriteCloseRequest):
-            reply(self._write_close(req))
-        elif isinstance(req, w.BookieInfoRequest):
-            reply(w.BookieInfoResponse(rid=req.rid, status=Status.EOK, free_bytes=0, total_bytes=0,
-                                       state="readonly" if self.read_only else "writable", ledgers=len(self.ledgers),
-                                       limbo_ledgers=sum(1 for s in self.ledgers.values() if s.limbo)))
-        elif isinstance(req, w.ListEntriesRequest):
-            reply(self._list_entries(req))
-        else:
-            raise AssertionError(f"unexpected request {req!r}")
-
-    @staticmethod
-    def _key_ok(st: SimLedger | None, key: bytes | None) -> bool:
-        if st is None or st.master_key is None:
-            return True
-        return key is not None and key == st.master_key
-
-    def _ensure(self, lid: int, key: bytes) -> SimLedger:
-        # The master key of a new ledger is journaled before anything is acknowledged.
-        st = self.ledgers.get(lid)
-        if st is None:
-            st = self.ledgers[lid] = SimLedger(master_key=key)
-        elif st.master_key is None:
-            st.master_key = key
-        return st
-
-    def _add(self, req: w.AddRequest) -> w.AddResponse:
-        first, last = peek_entry_header(req.entries[0])[1], peek_entry_header(req.entries[-1])[1]
-
-        def answer(status: Status) -> w.AddResponse:
-            return w.AddResponse(rid=req.rid, status=status, ledger_id=req.ledger_id, first_entry_id=first,
-                                 last_entry_id=last)
-
-        if self.read_only:
-            return answer(Status.EREADONLY)
-        st = self.ledgers.get(req.ledger_id)
-        if not self._key_ok(st, req.master_key):
-            return answer(Status.EUA)
-        if st is not None and st.fenced and not req.flags & AddFlag.RECOVERY_ADD:
-            return answer(Status.EFENCED)
-        if self.add_status is not None:
-            return answer(self.add_status)
-        parsed = [peek_entry_header(blob) for blob in req.entries]
-        if any(lid != req.ledger_id or not 0 <= eid <= limits.entry_id_max for lid, eid, _ in parsed):
-            return answer(Status.EBADREQ)
-        st = self._ensure(req.ledger_id, req.master_key)
-        max_lac = -1
-        for blob, (_, eid, lac) in zip(req.entries, parsed, strict=True):
-            st.entries[eid] = bytes(blob)
-            if self.journal_data:
-                st.synced[eid] = st.entries[eid]
-            max_lac = max(max_lac, lac)
-        if max_lac > st.lac:
-            self._advance_lac(st, max_lac)
-        return answer(Status.EOK)
-
-    def _advance_lac(self, st: SimLedger, lac: int) -> None:
-        st.lac = lac
-        ready = [p for p in st.polls if p.req.previous_lac < lac]
-        st.polls = [p for p in st.polls if p.req.previous_lac >= lac]
-        for p in ready:
-            self._start_read(p.req, p.reply)
-
-    def _fence(self, lid: int, key: bytes | None) -> Status | None:
-        """Fence ``lid`` (creating it here if new: BP-46); EUA on a wrong master key."""
-        st = self.ledgers.get(lid)
-        if not self._key_ok(st, key):
-            return Status.EUA
-        self.fence_requests += 1
-        if st is not None and st.fenced:
-            return None
-        assert key is not None, "the codec refuses FENCE without a master key"
-        st = self._ensure(lid, key)
-        st.fenced = True
-        if self.journal_fence:
-            st.fence_synced = True
+            status = self.add_status
+            if status is None and not req.flags:
+                status = self.add_status_of.get(req.ledger_id)
+            if status is not None:
+                first, last = peek_entry_header(req.entries[0])[1], peek_entry_header(req.entries[-1])[1]
+                return w.AddResponse(rid=rid, status=status, ledger_id=req.ledger_id, first_entry_id=first,
+                                     last_entry_id=last)
+        elif isinstance(req, w.MultiAddRequest) and self.add_status is not None:
+            return w.MultiAddResponse(rid=rid, status=Status.EOK, statuses=tuple([self.add_status] * len(req.parts)))
+        elif isinstance(req, w.ReadRequest) and self.read_status is not None:
+            first = req.previous_lac + 1 if req.flags & ReadFlag.LONG_POLL else req.first_entry_id
+            return w.ReadResponse(rid=rid, status=self.read_status, ledger_id=req.ledger_id, first_entry_id=first,
+                                  lac=-1, entries=())
+        elif isinstance(req, w.ReadLacRequest) and self.lac_status is not None:
+            return w.ReadLacResponse(rid=rid, status=self.lac_status, ledger_id=req.ledger_id, lac=-1)
         return None
 
-    def _read(self, req: w.ReadRequest, reply: Callable[[Any], None]) -> None:
-        lid = req.ledger_id
-        if self.read_status is not None:
-            reply(self._read_response(req, [], self.read_status))
-            return
-        if req.flags & ReadFlag.FENCE:
-            err = self._fence(lid, req.master_key)
-            if err is not None:
-                reply(self._read_response(req, [], err))
+    def _split_multi_add(self, req: w.MultiAddRequest, frames: list[bytes],
+                         reply: Answer) -> tuple[list[bytes], Answer]:
+        """``add_status_of`` on a MULTI_ADD: the parts of those ledgers get their forced
+        status, the others go to the Server as a MULTI_ADD of their own; the answer joins
+        both. No frames: every part was answered."""
+        parts = list(req.parts)
+        forced = [None if p.flags else self.add_status_of.get(p.ledger_id) for p in parts]
+        if all(st is None for st in forced):
+            return frames, reply
+        kept = [i for i, st in enumerate(forced) if st is None]
+        if not kept:
+            reply(w.MultiAddResponse(rid=req.rid, status=Status.EOK, statuses=tuple(forced)))
+            return [], reply
+
+        def joined(resp: Any) -> None:
+            if isinstance(resp, w.MultiAddResponse):
+                statuses = list(forced)
+                for i, st in zip(kept, resp.statuses, strict=True):
+                    statuses[i] = st
+                resp = w.MultiAddResponse(rid=req.rid, status=resp.status, statuses=tuple(statuses))
+            reply(resp)
+
+        sub = w.MultiAddRequest(rid=req.rid, parts=[parts[i] for i in kept])
+        return [bytes(f) for f in encode(sub)], joined
+
+    def _reply(self, ident: bytes, frames: list[Any]) -> None:
+        """The ServerCore answers: over the network, a copy of its frames, decoded by the
+        client as ZmqTransport does (an undecodable answer fails the request it names)."""
+        data = [bytes(f) for f in frames]
+        try:
+            resp: Any = decode_response(data)
+            rid = resp.rid
+        except FrameError as e:
+            self.cluster.stats.bad_responses += 1
+            if e.rid is None:
                 return
-        st = self.ledgers.get(lid)
-        if req.flags & ReadFlag.LONG_POLL and st is not None and st.lac <= req.previous_lac:
-            poll = _Poll(req, reply)
-            st.polls.append(poll)
-            timeout = min(req.timeout_ms, limits.long_poll_timeout_ms_max) / 1000.0
-            self.cluster.loop.call_later(timeout, self._expire_poll, st, poll, self.incarnation)
-            return
-        self._start_read(req, reply)
-
-    def _expire_poll(self, st: SimLedger, poll: _Poll, incarnation: int) -> None:
-        if incarnation != self.incarnation or poll not in st.polls:
-            return
-        if self.hold(lambda: self._expire_poll(st, poll, incarnation)):
-            return
-        st.polls.remove(poll)
-        poll.reply(self._read_response(poll.req, [], Status.EOK))
-
-    def _start_read(self, req: w.ReadRequest, reply: Callable[[Any], None]) -> None:
-        st = self.ledgers.get(req.ledger_id)
-        first, count = req.first_entry_id, req.count
-        if req.flags & ReadFlag.LONG_POLL:
-            first = req.previous_lac + 1
-            count = max(0, min(count, (st.lac if st else -1) - req.previous_lac))
-        blobs: list[bytes] = []
-        size = 0
-        sparse = bool(req.flags & ReadFlag.SPARSE)  # every held entry of the range, not a prefix
-        if st is not None:
-            for eid in range(first, first + count):
-                blob = st.entries.get(eid)
-                if blob is None:
-                    if sparse:
-                        continue
-                    break
-                if blobs and size + len(blob) > limits.read_response_bytes_max:
-                    break
-                blobs.append(blob)
-                size += len(blob)
-        reply(self._read_response(req, blobs))
-
-    def _read_response(self, req: w.ReadRequest, blobs: list[bytes], status: Status | None = None) -> w.ReadResponse:
-        st = self.ledgers.get(req.ledger_id)
-        if status is None:
-            if blobs or req.flags & ReadFlag.LONG_POLL:
-                status = Status.EOK
-            elif st is not None and st.limbo:
-                status = Status.EUNKNOWN  # BP-46: it may have lost the entry, so it can not say "absent"
-            else:
-                status = Status.ENOENTRY if st is not None else Status.ENOLEDGER
-        first = req.previous_lac + 1 if req.flags & ReadFlag.LONG_POLL else req.first_entry_id
-        return w.ReadResponse(rid=req.rid, status=status, ledger_id=req.ledger_id, first_entry_id=first,
-                              lac=st.lac if st else -1, entries=tuple(blobs))
-
-    def _read_lac(self, req: w.ReadLacRequest) -> w.ReadLacResponse:
-        lid = req.ledger_id
-        if self.lac_status is not None:
-            return w.ReadLacResponse(rid=req.rid, status=self.lac_status, ledger_id=lid, lac=-1)
-        if req.flags & ReadFlag.FENCE:
-            err = self._fence(lid, req.master_key)
-            if err is not None:
-                return w.ReadLacResponse(rid=req.rid, status=err, ledger_id=lid, lac=-1)
-        st = self.ledgers.get(lid)
-        if st is None:
-            return w.ReadLacResponse(rid=req.rid, status=Status.ENOLEDGER, ledger_id=lid, lac=-1)
-        return w.ReadLacResponse(rid=req.rid, status=Status.EOK, ledger_id=lid, lac=st.lac)
-
-    def _write_lac(self, req: w.WriteLacRequest) -> w.WriteLacResponse:
-        st = self.ledgers.get(req.ledger_id)
-        if st is None:
-            return w.WriteLacResponse(rid=req.rid, status=Status.ENOLEDGER, ledger_id=req.ledger_id)
-        if not self._key_ok(st, req.master_key):
-            return w.WriteLacResponse(rid=req.rid, status=Status.EUA, ledger_id=req.ledger_id)
-        st.explicit_lac = max(st.explicit_lac, req.lac)
-        if req.lac > st.lac:
-            self._advance_lac(st, req.lac)
-        return w.WriteLacResponse(rid=req.rid, status=Status.EOK, ledger_id=req.ledger_id)
-
-    def _force(self, req: w.ForceLedgerRequest) -> w.ForceLedgerResponse:
-        st = self.ledgers.get(req.ledger_id)
-        if st is None:
-            return w.ForceLedgerResponse(rid=req.rid, status=Status.ENOLEDGER, ledger_id=req.ledger_id)
-        st.synced = dict(st.entries)
-        return w.ForceLedgerResponse(rid=req.rid, status=Status.EOK, ledger_id=req.ledger_id)
-
-    def _write_close(self, req: w.WriteCloseRequest) -> w.WriteCloseResponse:
-        st = self.ledgers.get(req.ledger_id)
-        if st is None:
-            return w.WriteCloseResponse(rid=req.rid, status=Status.ENOLEDGER, ledger_id=req.ledger_id)
-        if not self._key_ok(st, req.master_key):
-            return w.WriteCloseResponse(rid=req.rid, status=Status.EUA, ledger_id=req.ledger_id)
-        st.write_closed = True
-        return w.WriteCloseResponse(rid=req.rid, status=Status.EOK, ledger_id=req.ledger_id)
-
-    def _list_entries(self, req: w.ListEntriesRequest) -> w.ListEntriesResponse:
-        st = self.ledgers.get(req.ledger_id)
-        if st is None:
-            return w.ListEntriesResponse(rid=req.rid, status=Status.ENOLEDGER, ledger_id=req.ledger_id)
-        ranges: list[tuple[int, int]] = []
-        for eid in sorted(st.entries):
-            if ranges and ranges[-1][1] == eid - 1:
-                ranges[-1] = (ranges[-1][0], eid)
-            else:
-                ranges.append((eid, eid))
-        status = Status.EUNKNOWN if not ranges and st.limbo else Status.EOK
-        return w.ListEntriesResponse(rid=req.rid, status=status, ledger_id=req.ledger_id, entry_ranges=tuple(ranges))
+            rid, resp = e.rid, BookieUnavailableError(f"{self.id}: bad response ({e})")
+        route = self._routes.pop((ident, rid), None)
+        if route is not None:
+            route(resp)
 
     # -- inspection ---------------------------------------------------------------------------
     def is_fenced(self, ledger_id: int) -> bool:
-        st = self.ledgers.get(ledger_id)
+        st = self.server.ledgers.get(ledger_id)
         return st is not None and st.fenced
 
+    def is_limbo(self, ledger_id: int) -> bool:
+        st = self.server.ledgers.get(ledger_id)
+        return st is not None and st.limbo
+
     def has_entry(self, ledger_id: int, entry_id: int) -> bool:
-        st = self.ledgers.get(ledger_id)
-        return st is not None and entry_id in st.entries
+        """Would a read of the entry find it here now?"""
+        assert self.cores is not None, f"{self.id} is not running"
+        return entry_id in self.cores.locations(ledger_id)
+
+    def entries(self, ledger_id: int) -> dict[int, bytes]:
+        """Every entry of the ledger a read would find here now, by entry id."""
+        assert self.cores is not None, f"{self.id} is not running"
+        return self.cores.entries(ledger_id)
 
     def put_entry(self, ledger_id: int, key: bytes, blob: bytes) -> None:
-        """Store ``blob`` directly, as a buggy writer could (scenario: a gap)."""
-        st = self._ensure(ledger_id, key)
-        _, eid, lac = peek_entry_header(blob)
-        st.entries[eid] = st.synced[eid] = blob
-        if lac > st.lac:
-            self._advance_lac(st, lac)
+        """Store ``blob`` as a plain add with master key ``key``, now, as a buggy writer
+        could (scenario: a gap); returns once the bookie acknowledged it."""
+        rid = next(self._injected)
+        answers: list[Any] = []
+        ident = b"sim:put_entry"
+        self._routes[(ident, rid)] = answers.append
+        req = w.AddRequest(rid=rid, ledger_id=ledger_id, master_key=key, flags=AddFlag(0), entries=[blob])
+        assert self.cores is not None
+        self.cores.request(ident, [bytes(f) for f in encode(req)], self.loop.time())
+        for _ in range(10_000):
+            if answers:
+                break
+            self.cores.step(self.loop.time())
+        assert answers and answers[0].status == Status.EOK, answers
+        self._kick()
 
 
 # -- the network and the cluster ------------------------------------------------------------------
@@ -750,22 +605,32 @@ class SimStats:
     bad_responses: int = 0  # answers the client's decoder refused
 
 
+def _sim_dir() -> str | None:
+    """Where the bookies' files go: memory (/dev/shm) where there is one, else the default."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
 class SimCluster:
     """Bookies, the metadata store and the network between them and the clients.
 
-    Create it inside the running VirtualTimeLoop. ``rng`` (from ``seed``) decides every
-    random network fate, so a run replays from its seed. ``trace`` (when enabled) records
-    every message and its fate, to compare runs.
+    Create it inside the running VirtualTimeLoop (it is closed, and its files removed, when
+    :func:`run` ends). ``rng`` (from ``seed``) decides every random network fate and seeds
+    each bookie's own generator, so a run replays from its seed. ``settings``: the bookies'
+    configuration. ``trace`` (when enabled) records every message and its fate, to compare
+    runs.
     """
 
-    def __init__(self, seed: int, *, bookies: int = 3, journal_data: bool = True, journal_fence: bool = True,
-                 wire: bool = True, trace: bool = False) -> None:
-        self.loop = asyncio.get_running_loop()
+    def __init__(self, seed: int, *, bookies: int = 3, settings: BookieSettings = DEFAULT_SETTINGS,
+                 trace: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop), "a SimCluster lives on a VirtualTimeLoop (sim.run)"
+        self.loop = loop
+        self.loop.closers.append(self.close)
+        self.root = Path(tempfile.mkdtemp(prefix="zbk-sim-", dir=_sim_dir()))
         self.seed = seed
         self.rng = random.Random(seed)
-        self.meta = MemoryMetadataStore()
-        self.wire = wire  # round-trip every message through the real codec
-        self.bookies: dict[str, SimBookie] = {}
+        self.meta = MemoryMetadataStore(clock=VirtualClock(self.loop.time), inline_watches=True)
+        self.bookies: dict[str, BookieNode] = {}
         self.metadata_delay_s = 0.0  # each metadata call takes uniform(0, this) each way
         # Awaited by every client just before a metadata write lands: scripts use it to act at
         # an exact point of a protocol ("just before the recoverer commits the close").
@@ -776,13 +641,19 @@ class SimCluster:
         self._fifo: dict[tuple[str, str, str], float] = {}  # (client, bookie, direction) -> last arrival
         self._clients = itertools.count(1)
         for i in range(bookies):
-            self.add_bookie(f"b{i + 1}:3181", journal_data=journal_data, journal_fence=journal_fence)
+            self.add_bookie(f"b{i + 1}:3181", settings)
 
-    def add_bookie(self, bookie_id: str, *, journal_data: bool = True, journal_fence: bool = True) -> SimBookie:
-        b = self.bookies[bookie_id] = SimBookie(self, bookie_id, journal_data=journal_data,
-                                                journal_fence=journal_fence)
+    def add_bookie(self, bookie_id: str, settings: BookieSettings = DEFAULT_SETTINGS) -> BookieNode:
+        b = self.bookies[bookie_id] = BookieNode(self, bookie_id, settings)
         self.register(bookie_id)
         return b
+
+    def close(self) -> None:
+        """Stop every bookie and remove their files."""
+        for b in self.bookies.values():
+            b.close()
+        self.meta.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def register(self, bookie_id: str) -> None:
         """Publish the bookie as writable or readonly (by its read_only knob)."""
@@ -795,15 +666,16 @@ class SimCluster:
         self.meta.delete(layout.writable_key(bookie_id))
         self.meta.delete(layout.readonly_key(bookie_id))
 
-    def bookie(self, bookie_id: str) -> SimBookie:
+    def bookie(self, bookie_id: str) -> BookieNode:
         return self.bookies[bookie_id]
 
     def ledger(self, ledger_id: int) -> LedgerMetadata:
         """The ledger's metadata as stored now."""
         return LedgerStore(self.meta).read(ledger_id)[0]
 
-    def heal(self, boot: BootPolicy = NO_PROTECTION) -> None:
-        """End every fault: crashed bookies restart (with ``boot``), the others are healed."""
+    def heal(self, boot: BootPolicy | None = ZBK_BOOT) -> None:
+        """End every fault: crashed bookies restart (phase one as ``boot`` says, see
+        BookieNode.restart), the others are healed."""
         for b in self.bookies.values():
             if not b.running:
                 b.restart(boot)
@@ -833,7 +705,7 @@ class SimCluster:
             await asyncio.sleep(self.rng.uniform(0, self.metadata_delay_s))
 
     # -- the network --------------------------------------------------------------------------
-    def _when(self, client: str, bookie: SimBookie, direction: str, extra: float) -> float:
+    def _when(self, client: str, bookie: BookieNode, direction: str, extra: float) -> float:
         # Messages of one connection arrive in the order sent (TCP), each after its delay.
         delay = extra + (self.rng.uniform(0, bookie.delay_s) if bookie.delay_s > 0 else 0.0)
         key = (client, bookie.id, direction)
@@ -854,7 +726,8 @@ class SimCluster:
             err = BookieUnavailableError(f"bookie {bookie_id} refused the connection")
             self.loop.call_later(REFUSED_AFTER_S, _fail, fut, err)
             return
-        req = decode_request(encode(msg)) if self.wire else msg
+        frames = [bytes(f) for f in encode(msg)]  # what the network carries: a copy
+        req = decode_request(frames)
         drop, drop_reply, delay, reply_delay = False, False, 0.0, 0.0
         for rule in b.rules:
             if (rule.client is None or rule.client == client) and _matches(rule, req):
@@ -878,8 +751,6 @@ class SimCluster:
         incarnation = b.incarnation
 
         def reply(resp: Any) -> None:
-            if b.hold(lambda: reply(resp)):
-                return
             if not b.can_answer(incarnation):
                 self._log_msg(bookie_id, client, resp, ": lost (bookie gone)")
                 return
@@ -890,23 +761,17 @@ class SimCluster:
             self.loop.call_at(self._when(client, b, "reply", reply_delay), deliver, resp)
 
         def deliver(resp: Any) -> None:
+            if isinstance(resp, BaseException):
+                self._log(f"{bookie_id}->{client} undecodable: {resp}")
+                _fail(fut, resp)
+                return
             self._log_msg(bookie_id, client, resp)
-            if fut.done():
-                return
-            if not self.wire:
+            if not fut.done():
                 fut.set_result(resp)
-                return
-            try:
-                fut.set_result(decode_response(encode(resp)))
-            except FrameError as e:
-                # As ZmqTransport does: the request named by an undecodable answer fails.
-                self.stats.bad_responses += 1
-                self._log(f"{bookie_id}->{client} undecodable: {e}")
-                fut.set_exception(BookieUnavailableError(f"{bookie_id}: bad response ({e})"))
 
         def work() -> None:
             self._log_msg(client, bookie_id, req)
-            b.handle(req, reply)
+            b.handle(client, req, frames, reply)
 
         self.loop.call_at(self._when(client, b, "request", delay), b.arrive, incarnation, work)
 

@@ -1,5 +1,6 @@
 """The write path's pipelining and multi-ledger coalescing (MULTI_ADD), under the
-deterministic simulation (tests/client/sim.py; ``ZBK_SEED=<n>`` replays a run).
+deterministic simulation (tests/client/sim.py: real bookie cores; ``ZBK_SEED=<n>`` replays
+a run).
 
 * Several add requests are in flight to one bookie for one ledger; entries still confirm
   strictly in order, and an ensemble change in the middle of that resends every entry the
@@ -14,11 +15,11 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from zbk.client.digest import master_key
+from zbk.client.digest import make_digest, master_key
 from zbk.client.handles import LedgerHandle
 from zbk.errors import BookieUnavailableError, UnauthorizedError
 from zbk.wire import messages as w
-from zbk.wire.entry import peek_entry_header
+from zbk.wire.entry import build_entry, peek_entry_header
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
 
@@ -26,6 +27,7 @@ from . import sim
 from .sim import Rule, SimCluster, WriteLog, check_persistence
 
 PW = b"secret"
+PLANTED = 1000  # the entry id another writer stored under another password
 
 
 def payload(seed: int, lid: int, eid: int) -> bytes:
@@ -56,7 +58,7 @@ class SendLog:
         transport.send = send
 
 
-def received_entries(bookie: sim.SimBookie, lid: int) -> list[int]:
+def received_entries(bookie: sim.BookieNode, lid: int) -> list[int]:
     """Records, in arrival order, the entry ids of ``lid`` that plain adds bring to ``bookie``."""
     seen: list[int] = []
 
@@ -119,7 +121,7 @@ def test_pipelined_adds_with_an_ensemble_change_mid_flight() -> None:
             assert spare.has_entry(lid, eid)
         # The LAC each stored entry carries never runs ahead of what was confirmed before it.
         for b in (e0, e1, spare):
-            for eid, blob in b.ledgers[lid].entries.items():
+            for eid, blob in b.entries(lid).items():
                 assert peek_entry_header(blob)[2] < eid
         await lh.close()
         c.heal()
@@ -136,10 +138,12 @@ def test_adds_of_many_ledgers_share_one_message_and_a_wrong_password_fails_only_
         writer = c.client("writer")
         handles: list[LedgerHandle] = [await writer.create_ledger(3, 3, 2, password=PW) for _ in range(5)]
         sends = SendLog(handles[0].ctx.transport)
-        # Ledger 3 is known to every bookie under another password's master key.
+        # Ledger 3 is known to every bookie under another password's master key (another
+        # writer stored an entry of it there).
         bad = handles[3]
+        planted = build_entry(bad.ledger_id, PLANTED, -1, b"not ours", make_digest("crc32c", b"another password"))
         for b in c.bookies.values():
-            b.ledgers[bad.ledger_id] = sim.SimLedger(master_key=master_key(b"another password"))
+            b.put_entry(bad.ledger_id, master_key(b"another password"), planted)
         logs = [WriteLog() for _ in handles]
         for _ in range(3):  # one event-loop turn: 3 entries to each of the 5 ledgers
             for h, log in zip(handles, logs, strict=True):
@@ -170,7 +174,7 @@ def test_adds_of_many_ledgers_share_one_message_and_a_wrong_password_fails_only_
                 assert h.last_add_confirmed == 3
                 await h.close()
                 assert await check_persistence(c, h.ledger_id, PW, logs[i]) == []
-        assert not any(b.ledgers[bad.ledger_id].entries for b in c.bookies.values())
+        assert all(list(b.entries(bad.ledger_id)) == [PLANTED] for b in c.bookies.values())
 
     sim.run(scenario())
 

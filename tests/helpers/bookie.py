@@ -12,9 +12,17 @@ from pathlib import Path
 
 from helpers.procs import free_port, start_process, stop_process, tail
 from zbk.client.raw import BookieConnection
+from zbk.config import BookieConfig, canonical_key
 from zbk.errors import ZbkError
 from zbk.wire import messages as w
 from zbk.wire.curve import CurveClient
+
+
+def with_defaults(settings: dict[str, object], defaults: dict[str, object]) -> dict[str, object]:
+    """``settings`` plus each default whose key ``settings`` does not already give, in any
+    spelling (flat or dotted): both would be the same key given twice, a ConfigError."""
+    given = {canonical_key(BookieConfig, k) for k in settings}
+    return {**{k: v for k, v in defaults.items() if canonical_key(BookieConfig, k) not in given}, **settings}
 
 
 class BookieProcess:
@@ -29,8 +37,8 @@ class BookieProcess:
         self.http_port = free_port()
         # GC is slowed down by default: raw-protocol tests write ledgers that have no metadata,
         # which a GC run would rightly delete. GC tests set gc_wait_time_ms themselves.
-        self.settings = {"registration_ttl_s": 2, "disk_check_interval_ms": 1000, "gc_wait_time_ms": 3_600_000,
-                         **(settings or {})}
+        self.settings = with_defaults(settings or {}, {"registration_ttl_s": 2, "disk_check_interval_ms": 1000,
+                                                        "gc_wait_time_ms": 3_600_000})
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_argv: list[str] = []  # more `zbk bookie` flags (--readonly)
 

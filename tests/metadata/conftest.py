@@ -13,9 +13,12 @@ from zbk.metadata.store import MetadataStore, WatchEvent
 from zbk.metadata.uri import open_store
 
 
-@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
-def store_uri(request: pytest.FixtureRequest) -> str:
-    """A fresh metadata URI, once for the embedded store and once for etcd."""
+@pytest.fixture(params=["memory", "sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
+def store_uri(request: pytest.FixtureRequest, unique_scope: str) -> str:
+    """A fresh metadata URI, once for the in-process store, once for the embedded store
+    and once for etcd."""
+    if request.param == "memory":
+        return f"memory://{unique_scope}"
     return str(request.getfixturevalue("sqlite_uri" if request.param == "sqlite" else "etcd_uri"))
 
 

@@ -1,5 +1,6 @@
-"""The MetadataStore contract: one suite, run against the embedded store and against a
-real etcd (``store`` is parametrized over both drivers in tests/metadata/conftest.py)."""
+"""The MetadataStore contract: one suite, run against the in-process store (memory://),
+the embedded store and a real etcd (``store`` is parametrized over the drivers in
+tests/metadata/conftest.py)."""
 
 from __future__ import annotations
 
@@ -494,8 +495,14 @@ def test_cas_retry_threads_lose_no_update(store: MetadataStore, opener: Opener) 
     assert kv is not None and kv.value == b"100"
 
 
+def _skip_in_process_store(store_uri: str) -> None:
+    if store_uri.startswith("memory://"):
+        pytest.skip("a memory:// store lives in one process: other processes cannot open it")
+
+
 @pytest.mark.slow
 def test_processes_racing_cas_lose_no_update(store: MetadataStore, store_uri: str) -> None:
+    _skip_in_process_store(store_uri)
     store.create("race", b"0")
     procs, per = 4, 100
     conflicts = run_racing(cas_increments, [(store_uri, "race", per)] * procs)
@@ -505,6 +512,7 @@ def test_processes_racing_cas_lose_no_update(store: MetadataStore, store_uri: st
 
 @pytest.mark.slow
 def test_two_processes_allocate_distinct_ledger_ids(store: MetadataStore, store_uri: str) -> None:
+    _skip_in_process_store(store_uri)
     a, b = run_racing(allocate_ids, [(store_uri, 1000)] * 2)
     assert len(a) == len(b) == 1000
     assert a == sorted(a) and b == sorted(b), "each process sees increasing ids"

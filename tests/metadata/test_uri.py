@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from zbk.errors import ConfigError, CorruptMetadataError
+from zbk.metadata.memory import MemoryMetadataStore
 from zbk.metadata.sqlite import SqliteStore
-from zbk.metadata.uri import EtcdUri, SqliteUri, open_store, parse_uri
+from zbk.metadata.uri import EtcdUri, MemoryUri, SqliteUri, open_store, parse_uri
 
 
 @pytest.mark.parametrize("uri,expected", [
@@ -19,6 +20,8 @@ from zbk.metadata.uri import EtcdUri, SqliteUri, open_store, parse_uri
     ("etcd://h1:1,h2:2,h3/scope_a", EtcdUri(("h1:1", "h2:2", "h3:2379"), "scope_a")),
     ("etcd://localhost", EtcdUri(("localhost:2379",), "zbk")),
     ("etcd://[::1]:2380/s/", EtcdUri(("[::1]:2380",), "s")),
+    ("memory://my-test.1", MemoryUri("my-test.1")),
+    ("Memory://x", MemoryUri("x")),
 ])
 def test_valid_uris(uri: str, expected: object) -> None:
     assert parse_uri(uri) == expected
@@ -41,6 +44,9 @@ def test_valid_uris(uri: str, expected: object) -> None:
     ("etcd://h1:1,,h2:2/zbk", "bad endpoint"),
     ("etcd://h:1/a/b", "scope"),
     ("etcd://h:1/zbk?x=1", "no parameters"),
+    ("memory://", "a memory URI"),
+    ("memory://a/b", "a memory URI"),
+    ("memory://a?scope=b", "a memory URI"),
 ])
 def test_bad_uris_are_config_errors(uri: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
@@ -54,6 +60,27 @@ def test_open_sqlite(tmp_path: Path) -> None:
         assert store.uri == f"sqlite://{tmp_path}/m.db?scope=abc"
     finally:
         store.close()
+
+
+def test_open_memory_shares_a_name_while_a_store_is_open() -> None:
+    a = open_store("memory://uri-test")
+    b = open_store("memory://uri-test")
+    assert isinstance(a, MemoryMetadataStore) and a.uri == "memory://uri-test"
+    a.put("k", b"v")
+    kv = b.get("k")
+    assert kv is not None and kv.value == b"v"
+    with open_store("memory://uri-test-other") as other:
+        assert other.get("k") is None
+    a.close()
+    b.close()
+    with open_store("memory://uri-test") as again:
+        assert again.get("k") is None, "the last close dropped the data"
+    anonymous = MemoryMetadataStore()
+    joined = open_store(anonymous.uri)
+    anonymous.put("k", b"mine")
+    assert joined.get("k") is not None
+    joined.close()
+    anonymous.close()
 
 
 def test_open_sqlite_in_missing_directory_is_config_error(tmp_path: Path) -> None:

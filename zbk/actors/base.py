@@ -26,8 +26,8 @@ Server keeps the ``entry_ids`` list of the AppendBatch it sent in its PendingAdd
 EntryLogger forwards that same list in Appended and JournalAppend: nobody mutates it). Send
 freshly built objects; never ``msg.items.append(...)`` after ``send``, never reuse a buffer
 list across sends. bytes, ints, strings and tuples of them are immutable and always safe.
-tests/actors/test_gc.py delivers messages the same way and checks that nothing sent was
-changed before or after delivery.
+The actor simulation of the tests (tests/helpers/actorsim.py) hands messages over the same
+way and checks that nothing sent was changed before or after delivery.
 
 A core that raises stops the whole bookie: crash, don't limp. The loop reports the failure
 to the supervisor, which exits the process with the actor's distinct exit code.

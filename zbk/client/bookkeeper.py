@@ -20,6 +20,7 @@ from typing import Any
 from zbk import limits
 from zbk.client import placement
 from zbk.client.digest import Digest, make_digest, master_key
+from zbk.client.explicitlac import ExplicitLac
 from zbk.client.handles import AddDispatcher, LedgerHandle, ReadHandle
 from zbk.client.recovery import check_password, recover
 from zbk.client.transport import Transport, ZmqTransport
@@ -67,6 +68,8 @@ class ClientContext:
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
+        lac_ms = config.explicit_lac_interval_ms
+        self.explicit_lac = ExplicitLac(self, lac_ms) if lac_ms > 0 else None
 
     @classmethod
     def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
@@ -153,6 +156,8 @@ class AsyncBookKeeper:
         if self.ctx is None:
             return
         ctx, self.ctx = self.ctx, None
+        if ctx.explicit_lac is not None:
+            ctx.explicit_lac.stop()
         if ctx._background:
             await asyncio.wait(list(ctx._background), timeout=1.0)
         await ctx.transport.close()

@@ -41,6 +41,13 @@ class AddScheduler(Protocol):
     def wake(self, handle: Any) -> None: ...
 
 
+class LacWatch(Protocol):
+    """The explicit-LAC check as a LedgerHandle sees it (zbk.client.explicitlac.ExplicitLac)."""
+
+    # ``handle`` is a LedgerHandle, typed Any for the reason given in AddScheduler.
+    def note(self, handle: Any) -> None: ...
+
+
 class HandleContext(Protocol):
     """Transport, metadata, configuration and placement, shared by a client's handles."""
 
@@ -57,6 +64,9 @@ class HandleContext(Protocol):
 
     @property
     def adds(self) -> AddScheduler: ...
+
+    @property
+    def explicit_lac(self) -> LacWatch | None: ...  # None: explicit LAC is off
 
     @property
     def add_timeout_s(self) -> float: ...

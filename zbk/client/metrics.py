@@ -59,3 +59,5 @@ ADD_ENTRY_SECONDS = BatchHistogram("zbk_client_add_entry_seconds", "Time from ap
                                    buckets=LATENCY_BUCKETS)
 ENSEMBLE_CHANGES = Counter("zbk_client_ensemble_changes_total", "Ensemble changes made by writers of this process")
 RECOVERIES = Counter("zbk_client_ledger_recoveries_total", "Ledgers fenced and recovered by this process")
+EXPLICIT_LACS = Counter("zbk_client_explicit_lac_total",
+                        "LACs sent with WRITE_LAC by idle writers of this process (one per ledger and send)")

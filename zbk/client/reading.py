@@ -189,7 +189,40 @@ class ReadHandle:
         async for e in self._read_range(first, last):
             yield e
 
-    async def _read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+    async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries ``first..last`` inclusive, in order, also those beyond the LAC (BookKeeper's
+        readUnconfirmedEntries): whatever the bookies of the handle's metadata hold, without
+        recovery or fencing, so nothing changes for the writer.
+
+        An entry beyond the LAC may never have been acknowledged to the writer, and recovery
+        may yet truncate the ledger before it: a reader that acts on one must accept that.
+        Entries up to the LAC are confirmed and read as ``read()`` reads them.
+
+        :param first: the first entry id wanted (>= 0).
+        :param last: the last entry id wanted (>= ``first``); of a closed ledger, entries past
+            its last entry are never returned (they were truncated by its close).
+        :returns: an async iterator over the entries from ``first`` that the bookies hold,
+            one after the other: it ends early, before ``last``, at the first entry beyond
+            the LAC that every replica of its write set says it lacks (the writer may not
+            have sent it yet). It may end before yielding anything.
+        :raises NoSuchEntryError: a bad range, or an entry up to the LAC that no replica has.
+        :raises BookieUnavailableError: an entry's replicas neither returned it nor all
+            said that they lack it (some did not answer): whether it exists is unknown.
+        :raises UnknownLedgerStateError: a replica in limbo (BP-46) may have lost it.
+        :raises UnauthorizedError: a bookie refused the password.
+        """
+        if first < 0 or last < first:
+            raise NoSuchEntryError(f"ledger {self.ledger_id}: bad range {first}..{last}")
+        if self.md.is_closed:
+            last = min(last, self.md.last_entry_id)
+        if first > last:
+            return
+        async for e in self._read_range(first, last, confirmed=self._readable_end()):
+            yield e
+
+    async def _read_range(self, first: int, last: int, *, confirmed: int | None = None) -> AsyncIterator[LedgerEntry]:
+        """Entries ``first..last``. With ``confirmed``, an entry past it that every replica
+        lacks ends the range instead of raising NoSuchEntryError (read_unconfirmed)."""
         md = self.md
         if md.write_quorum == md.ensemble_size:
             # Every bookie of a fragment holds every entry: ranged reads, one bookie at a time.
@@ -206,8 +239,11 @@ class ReadHandle:
                         continue
                     if batch:
                         break
-                if not batch:
-                    batch = [await self.read_entry(nxt)]  # per-entry path: errors and speculation
+                if not batch:  # the per-entry path: errors and speculation
+                    entry = await self._read_or_end(nxt, confirmed)
+                    if entry is None:
+                        return
+                    batch = [entry]
                 for e in batch:
                     yield e
                 nxt += len(batch)
@@ -229,10 +265,22 @@ class ReadHandle:
                         for e in r:
                             got.setdefault(e.entry_id, e)
                 if nxt not in got:
-                    got[nxt] = await self.read_entry(nxt)
+                    entry = await self._read_or_end(nxt, confirmed)
+                    if entry is None:
+                        return
+                    got[nxt] = entry
                 while nxt <= end and nxt in got:
                     yield got.pop(nxt)
                     nxt += 1
+
+    async def _read_or_end(self, entry_id: int, confirmed: int | None) -> LedgerEntry | None:
+        """read_entry(entry_id); None if it is past ``confirmed`` and no replica has it."""
+        if confirmed is None or entry_id <= confirmed:
+            return await self.read_entry(entry_id)
+        try:
+            return await self.read_entry(entry_id)
+        except NoSuchEntryError:
+            return None
 
     async def _read_sparse(self, bookie: str, first: int, last: int) -> list[LedgerEntry]:
         """Every entry of first..last that ``bookie`` holds (digest-checked; bad copies dropped)."""
@@ -253,7 +301,12 @@ class ReadHandle:
 
     async def tail(self, start: int = 0, *, poll_timeout_ms: int = 1000) -> AsyncIterator[LedgerEntry]:
         """Follow the ledger: yield every entry from ``start`` as it becomes confirmed, and
-        stop after the last entry once the ledger is closed."""
+        stop after the last entry once the ledger is closed.
+
+        A long poll's answer carries the entries from the polled LAC + 1 up to the bookie's
+        LAC that it holds: those are yielded as they came, so a reader keeping up with the
+        writer needs one request per new LAC, not a poll and then a read. Only what the
+        answer lacks (another bookie's stripe, a bad copy) is read afterwards."""
         nxt = start
         bookie_i = 0
         last_md_check = 0.0
@@ -275,9 +328,12 @@ class ReadHandle:
             ensemble = self.md.last_ensemble
             b = ensemble[bookie_i % len(ensemble)]
             t = self.ctx.transport
+            polled = self.lac
             try:
-                resp = await t.request(b, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=0,
-                                                        count=1, flags=ReadFlag.LONG_POLL, previous_lac=self.lac,
+                resp = await t.request(b, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
+                                                        first_entry_id=polled + 1,
+                                                        count=limits.entries_per_read_request_max,
+                                                        flags=ReadFlag.LONG_POLL, previous_lac=polled,
                                                         timeout_ms=poll_timeout_ms),
                                        poll_timeout_ms / 1000 + self.ctx.read_timeout_s)
             except BookieUnavailableError:
@@ -287,9 +343,31 @@ class ReadHandle:
             lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
             if lac > self.lac:
                 self.lac = lac
+            for e in self._polled_entries(b, resp, polled, lac):
+                if e.entry_id == nxt:
+                    yield e
+                    nxt += 1
             if resp.status not in (Status.EOK, Status.ENOENTRY):  # ENOENTRY: the poll timed out
                 bookie_i += 1
                 await asyncio.sleep(0.05)
+
+    def _polled_entries(self, bookie: str, resp: Any, polled: int, lac: int) -> list[LedgerEntry]:
+        """The entries a long poll's answer carries, from ``polled`` + 1, digest-checked, up
+        to the first bad copy (read again from another replica by the caller's next read)."""
+        out: list[LedgerEntry] = []
+        if not isinstance(resp, w.ReadResponse) or resp.first_entry_id != polled + 1:
+            return out
+        for i, blob in enumerate(resp.entries):
+            entry_id = polled + 1 + i
+            if entry_id > lac:  # a bookie only returns entries up to its LAC; anything else is not confirmed
+                break
+            try:
+                e = parse_entry(blob, self.digest, ledger_id=self.ledger_id, entry_id=entry_id)
+            except DigestMismatchError as err:
+                log.warning("ledger %d entry %d from %s: %s", self.ledger_id, entry_id, bookie, err)
+                break
+            out.append(LedgerEntry(self.ledger_id, entry_id, bytes(e.payload), e.ledger_length))
+        return out
 
 
 def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:

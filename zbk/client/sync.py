@@ -81,6 +81,32 @@ class SyncReadHandle:
             yield from chunk
             nxt = end + 1
 
+    def read_unconfirmed(self, first: int, last: int) -> Iterator[LedgerEntry]:
+        """Entries ``first..last`` inclusive, also those beyond the LAC, without recovery
+        (BookKeeper's readUnconfirmedEntries), fetched in chunks.
+
+        :param first: the first entry id wanted (>= 0).
+        :param last: the last entry id wanted (>= ``first``); of a closed ledger, nothing past
+            its last entry is returned.
+        :returns: an iterator over the entries from ``first`` that the bookies hold, in order;
+            it ends early at the first entry beyond the LAC that no replica has (possibly
+            before yielding anything). Entries beyond the LAC may never have been
+            acknowledged to the writer, and recovery may yet cut the ledger before them.
+        :raises NoSuchEntryError: a bad range, or an entry up to the LAC that no replica has.
+        :raises BookieUnavailableError: replicas did not answer, so an entry's existence is
+            unknown.
+        :raises UnknownLedgerStateError: a replica in limbo (BP-46) may have lost an entry.
+        :raises UnauthorizedError: a bookie refused the password.
+        """
+        nxt = first
+        while True:
+            end = min(last, nxt + limits.client_sync_read_entries_max - 1)
+            chunk = self._lt.run(_collect(self._h.read_unconfirmed(nxt, end)))
+            yield from chunk
+            if len(chunk) < end - nxt + 1 or end >= last:  # ended early, or done
+                return
+            nxt = end + 1
+
     def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
         agen: AsyncGenerator[LedgerEntry, None] = self._h.tail(start)  # type: ignore[assignment]
         try:

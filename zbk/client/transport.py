@@ -3,9 +3,9 @@
 :class:`Transport` is the seam between the client's protocol logic and the network. The
 real one (:class:`ZmqTransport`) keeps one DEALER per bookie, pipelines requests with ids,
 and routes responses to futures (``request``) or callbacks (``send``, the write path: no
-task or future per request); the simulation harness
-(tests/client/sim.py) implements the same protocol with in-memory bookies that drop,
-delay, pause or answer negative/unknown.
+task or future per request); the simulation harness (tests/client/sim.py) implements the
+same protocol in virtual time, carrying each request's frames to a bookie's real cores and
+their answer back, and can drop, delay or pause them, or answer negative/unknown.
 
 With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and a monitor
 watches its handshakes: a bookie that refuses our key makes requests to it fail at once

@@ -58,7 +58,8 @@ class LedgerHandle(ReadHandle):
 
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
                  "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
-                 "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event")
+                 "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event",
+                 "lac_sent", "_explicit")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:
@@ -95,6 +96,11 @@ class LedgerHandle(ReadHandle):
         # recovery): with many ledgers each entry empties its handle's pending, and an Event
         # set and cleared per entry would be a measurable part of the client's CPU.
         self._drain_event: asyncio.Event | None = None
+        # The highest LAC the bookies were sent, piggybacked on an add or by WRITE_LAC, and the
+        # client's explicit-LAC check (zbk/client/explicitlac.py) when it is on. Recovery
+        # writes back entries of a ledger it is closing: no reader needs its LAC.
+        self.lac_sent = -1
+        self._explicit = None if self.recovery else ctx.explicit_lac
 
     # -- appending ----------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future[int]:
@@ -111,7 +117,8 @@ class LedgerHandle(ReadHandle):
         self.pushed_length += size
         eid = self.next_entry_id
         self.next_entry_id += 1
-        blob = build_entry(self.ledger_id, eid, self.lac, payload, self.digest, ledger_length=self.pushed_length)
+        lac = self.lac_sent = self.lac
+        blob = build_entry(self.ledger_id, eid, lac, payload, self.digest, ledger_length=self.pushed_length)
         return self._push(eid, blob, size)
 
     def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
@@ -260,6 +267,8 @@ class LedgerHandle(ReadHandle):
         self._changes_without_progress = 0
         if not self.deferred_sync:
             self.lac = self.last_confirmed
+            if self._explicit is not None:
+                self._explicit.note(self)
         if latencies is None:
             cm.ADD_ENTRY_SECONDS.observe_many(lat)
         if not pending:
@@ -418,6 +427,8 @@ class LedgerHandle(ReadHandle):
             raise BookieUnavailableError(f"ledger {self.ledger_id}: force failed on {len(errors)} bookie(s): "
                                          f"{errors[0]}")
         self.lac = max(self.lac, target)
+        if self._explicit is not None:
+            self._explicit.note(self)
         return self.lac
 
 

@@ -9,7 +9,15 @@ TOML file (``--config``), ``--set key=value`` overrides, then explicit command-l
 from zbk.config.autorecovery import AutoRecoveryConfig
 from zbk.config.bookie import BookieConfig
 from zbk.config.client import ClientConfig
-from zbk.config.loading import build, key_names, load, load_toml, parse_overrides, with_settings
+from zbk.config.loading import (
+    build,
+    canonical_key,
+    key_names,
+    load,
+    load_toml,
+    parse_overrides,
+    with_settings,
+)
 from zbk.config.sections import (
     CurveConfig,
     DiskConfig,
@@ -24,6 +32,6 @@ from zbk.config.sections import (
 
 __all__ = [
     "AutoRecoveryConfig", "BookieConfig", "ClientConfig", "CurveConfig", "DiskConfig", "EntryLogConfig", "GcConfig",
-    "HttpConfig", "IndexConfig", "JournalConfig", "RecoveryConfig", "Section", "build", "key_names", "load",
+    "HttpConfig", "IndexConfig", "JournalConfig", "RecoveryConfig", "Section", "build", "canonical_key", "key_names", "load",
     "load_toml", "parse_overrides", "with_settings",
 ]

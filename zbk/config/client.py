@@ -18,6 +18,8 @@ class ClientConfig:
     pending_adds_max: int = limits.client_pending_adds_max
     add_request_entries_max: int = limits.client_add_request_entries_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
+    # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/client.md.
+    explicit_lac_interval_ms: int = limits.client_explicit_lac_interval_ms_default
     curve_server_keys_dir: str = ""  # per-bookie public keys: <host>_<port>.key, or server.key
     curve_server_public_key_file: str = ""  # one public key for every bookie
     curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
@@ -30,6 +32,9 @@ class ClientConfig:
         if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
             raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
         positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
+        lac_ms, lac_ms_min = self.explicit_lac_interval_ms, limits.client_explicit_lac_interval_ms_min
+        if lac_ms != 0 and lac_ms < lac_ms_min:
+            raise ConfigError(f"explicit_lac_interval_ms must be 0 (off) or >= {lac_ms_min}, got {lac_ms!r}")
         server_key = bool(self.curve_server_public_key_file or self.curve_server_keys_dir)
         if bool(self.curve_secret_key_file) != server_key:
             raise ConfigError("CURVE: curve_secret_key_file goes with curve_server_public_key_file "

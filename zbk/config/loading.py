@@ -74,6 +74,19 @@ def key_names(cls: type) -> list[str]:
     return sorted({*schema.keys, *schema.flat})
 
 
+def canonical_key(cls: type, name: str) -> str:
+    """The one name of the key ``name`` (top-level, dotted or flat) of ``cls``: the dotted
+    name for a section's key. Callers that merge settings from several places (test and
+    bench harnesses with defaults of their own) compare keys by it, so that a flat and a
+    dotted spelling of one key do not collide."""
+    schema = _schema(cls)
+    if name in schema.keys:
+        return name
+    if name in schema.flat:
+        return schema.flat[name]
+    raise _unknown(cls, "config", name, "key")
+
+
 def _nearest(name: str, candidates: list[str]) -> list[str]:
     return difflib.get_close_matches(name, candidates, n=3) or difflib.get_close_matches(
         name, candidates, n=1, cutoff=0.0)

@@ -1,8 +1,10 @@
 """The MetadataStore protocol: what every part of zbk needs from its metadata service.
 
-Two drivers implement it and pass one contract suite (tests/metadata/test_contract.py):
-etcd through python-etcd3 (``etcd://h1:p1,h2:p2/scope``) and an embedded store on stdlib
-sqlite3 (``sqlite:///path/meta.db``), safe for many processes on one host.
+Three drivers implement it and pass one contract suite (tests/metadata/test_contract.py):
+etcd through python-etcd3 (``etcd://h1:p1,h2:p2/scope``), an embedded store on stdlib
+sqlite3 (``sqlite:///path/meta.db``), safe for many processes on one host, and a store in
+one process's memory (``memory://name``, zbk/metadata/memory.py) for tests and simulations
+(the suite's cases that need two processes excepted).
 
 Model (etcd's): a flat, sorted key space below the store's scope; every change bumps one
 store-wide revision; a key's ``version`` is the revision of its last change (etcd's

@@ -12,6 +12,10 @@
   - ``cert_cert`` and ``cert_key``: this client's certificate and key (mutual TLS).
 
   Values are percent-decoded (``password=a%26b`` is ``a&b``).
+* ``memory://name`` — a store in this process's memory (zbk/metadata/memory.py), for tests
+  and simulations: every store opened on one name shares its keys while one of them is
+  open. The name follows the rules of a scope. Options: ``clock`` (a zbk.clock.Clock that
+  leases expire by).
 
 A scope is one path segment of letters, digits, ``_``, ``.`` and ``-``. Anything else is
 a ConfigError whose message says what is wrong and what a good URI looks like.
@@ -34,6 +38,7 @@ _SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _ENDPOINT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d{1,5}))?$")
 _SQLITE_EXAMPLE = "sqlite:///var/zbk/meta.db"
 _ETCD_EXAMPLE = "etcd://127.0.0.1:2379,127.0.0.2:2379/zbk"
+_MEMORY_EXAMPLE = "memory://my-test"
 
 
 @dataclass(frozen=True)
@@ -53,10 +58,15 @@ class EtcdUri:
     cert_cert: str = ""
 
 
+@dataclass(frozen=True)
+class MemoryUri:
+    name: str
+
+
 ETCD_OPTIONS = ("user", "password", "password_file", "ca_cert", "cert_key", "cert_cert")
 
 
-def parse_uri(uri: str) -> SqliteUri | EtcdUri:
+def parse_uri(uri: str) -> SqliteUri | EtcdUri | MemoryUri:
     """Parse a metadata URI; ConfigError if it is malformed."""
     if not isinstance(uri, str) or "://" not in uri:
         raise ConfigError(f"metadata URI {uri!r}: expected {_SQLITE_EXAMPLE} or {_ETCD_EXAMPLE}")
@@ -65,7 +75,17 @@ def parse_uri(uri: str) -> SqliteUri | EtcdUri:
         return _parse_sqlite(uri)
     if scheme == "etcd":
         return _parse_etcd(uri)
-    raise ConfigError(f"metadata URI {uri!r}: unknown scheme {scheme!r} (use sqlite:// or etcd://)")
+    if scheme == "memory":
+        return _parse_memory(uri)
+    raise ConfigError(f"metadata URI {uri!r}: unknown scheme {scheme!r} (use sqlite://, etcd:// or memory://)")
+
+
+def _parse_memory(uri: str) -> MemoryUri:
+    name = uri.split("://", 1)[1]
+    if not _SCOPE.match(name):
+        raise ConfigError(f"metadata URI {uri!r}: a memory URI is memory:// and a name of 1-128 letters, "
+                          f"digits, '_', '.' or '-', e.g. {_MEMORY_EXAMPLE}")
+    return MemoryUri(name)
 
 
 def _parse_sqlite(uri: str) -> SqliteUri:
@@ -168,6 +188,10 @@ def open_store(uri: str, **options: Any) -> MetadataStore:
     ``deadline_s`` for etcd, ``changelog_kept`` for sqlite). Raises ConfigError for a bad
     URI and MetadataUnavailableError if the store cannot be reached."""
     parsed = parse_uri(uri)
+    if isinstance(parsed, MemoryUri):
+        from zbk.metadata.memory import MemoryMetadataStore
+
+        return MemoryMetadataStore(parsed.name, **options)
     if isinstance(parsed, SqliteUri):
         from zbk.metadata.sqlite import SqliteStore
 
