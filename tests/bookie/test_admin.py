@@ -111,3 +111,24 @@ def test_is_ready_only_between_registration_and_stop(admin: tuple[BookieAdmin, z
             assert a._is_ready(None) == {"ready": True} and answer == 200
         except HttpError as e:
             assert e.status == answer == 503, (ready, stopping)
+
+
+def test_server_config_masks_the_secrets_and_shows_the_rest() -> None:
+    from zbk.config.sections import CurveConfig, HttpConfig
+
+    a = BookieAdmin.__new__(BookieAdmin)
+    a.cfg = BookieConfig(metadata_uri="etcd://127.0.0.1:2379/zbk?user=zbk&password=hunter2", data_dir="/d",
+                         http=HttpConfig(admin_token="t0ken"),
+                         curve=CurveConfig(secret_key_file="/keys/b1.key_secret", authorized_keys_dir="/keys/clients",
+                                           server_public_key_file="/keys/b.key")).resolved()
+    doc = a.server_config()
+    text = str(doc)
+    assert "hunter2" not in text and "t0ken" not in text and "b1.key_secret" not in text
+    assert doc["http"]["admin_token"] == doc["curve"]["secret_key_file"] == "********"
+    assert doc["metadata_uri"] == "etcd://127.0.0.1:2379/zbk?user=zbk&password=***"
+    assert doc["curve"]["authorized_keys_dir"] == "/keys/clients" and doc["curve"]["server_public_key_file"] == "/keys/b.key"
+    assert doc["journal_dirs"] == ("/d/journal",)
+    plain = BookieAdmin.__new__(BookieAdmin)
+    plain.cfg = BookieConfig(metadata_uri="sqlite:///m.db", data_dir="/d").resolved()
+    unset = plain.server_config()
+    assert unset["http"]["admin_token"] == unset["curve"]["secret_key_file"] == ""  # unset stays visibly unset

@@ -27,8 +27,8 @@ PUT /api/v1/bookie/gc/resume_compaction ({"resumeMajor": bool, "resumeMinor": bo
 GET /api/v1/bookie/last_log_mark -> {journal dir: {"log_id": segment id, "offset": bytes}},
 GET /api/v1/bookie/list_disk_file[?file_type=journal|entrylog|index] ->
 {"journal files": [{kind, id, bytes, path}], "entrylog files": [...], "index files": [...]},
-GET /api/v1/config/server_config -> the effective BookieConfig, the admin token and the
-metadata URI's password masked.
+GET /api/v1/config/server_config -> the effective BookieConfig, the admin token, the
+metadata URI's password and the secret CURVE key's path masked.
 """
 
 from __future__ import annotations
@@ -264,14 +264,15 @@ class BookieAdmin(BookieRegistrar):
 
     def server_config(self) -> dict[str, Any]:
         """The effective configuration (defaults, file, --set and flags applied), secrets
-        masked: the admin token, and a password in the metadata URI. CURVE settings are file
-        paths; the keys stay in their files."""
+        masked (shown as set, not what they are): the admin token, a password in the metadata
+        URI, and where the bookie's secret CURVE key is. Public keys' paths are shown."""
         from zbk.metadata.uri import redact
 
         doc = dataclasses.asdict(self.cfg)
         doc["metadata_uri"] = redact(self.cfg.metadata_uri)
-        if doc["http"]["admin_token"]:
-            doc["http"]["admin_token"] = SECRET_SHOWN
+        for section, key in (("http", "admin_token"), ("curve", "secret_key_file")):
+            if doc[section][key]:
+                doc[section][key] = SECRET_SHOWN
         return doc
 
 
