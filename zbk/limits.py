@@ -274,6 +274,12 @@ http_slot_wait_s = 0.05
 # A refused connection holds the accept loop (which answers it) at most this long, reading its
 # request and sending the 503: a local client sends its request within milliseconds.
 http_refusal_s_max = 0.25
+# GET /api/v1/ledger/list: ledgers a page (`page=N`); without `page`, the most one answer
+# lists (ids only, a few MB of JSON) before it asks for pages instead. With metadata, one page.
+http_ledger_list_page_ledgers = 1000
+http_ledger_list_ledgers_max = 100_000
+# GET /api/v1/ledger/read: entries one answer carries (BookKeeper's page of entries).
+http_read_entries_max = 1000
 
 # --- sandbox (zbk sandbox) --------------------------------------------------------------
 sandbox_base_port_default = 3181  # BookKeeper's bookie port: the first bookie of a sandbox listens there

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ from zbk.actors.messages import (
     CompactLog,
     DeleteLedgers,
     DeleteLogs,
+    GcStatus,
+    GcStatusRequest,
+    GcSuspend,
     GcTrigger,
     IndexPut,
     LiveCheck,
@@ -372,6 +376,55 @@ def test_compaction_waits_while_the_disk_is_full_but_dead_logs_go() -> None:
     d.allowed = True
     d.run(local={1}, usage={2: {1: 10, 2: 90}}, trigger=GcTrigger())
     assert d.finish_job().log_id == 2
+
+
+def _ask(d: Driver, make: Any) -> GcStatus:
+    answer: Future[GcStatus] = Future()
+    d.send(make(answer))
+    return answer.result(0)
+
+
+def test_a_suspended_kind_of_compaction_does_not_start_forced_or_due() -> None:
+    usage = {4: {1: 10, 2: 90}, 5: {1: 50, 2: 50}}
+    d = Driver(metadata={1}, minor_interval_s=10.0, major_interval_s=100.0)
+    s = _ask(d, lambda a: GcSuspend(True, None, a))
+    assert (s.major_suspended, s.minor_suspended) == (True, False)
+    d.run(local={1}, usage=usage, trigger=GcTrigger(major=True))
+    assert d.take("entrylogger", CompactLog) == [], "a forced major compaction while major is suspended"
+    d.now = T0 + 100.0
+    d.run(local={1}, usage=usage)  # major is due, but suspended: the due minor runs instead
+    assert d.finish_job().log_id == 4
+    assert d.core.run is None
+    s = _ask(d, lambda a: GcSuspend(None, True, a))
+    assert (s.major_suspended, s.minor_suspended, s.minor_count, s.major_count) == (True, True, 1, 0)
+    d.run(local={1}, usage=usage, trigger=GcTrigger(major=True, minor=True))
+    assert d.take("entrylogger", CompactLog) == []
+    _ask(d, lambda a: GcSuspend(False, False, a))
+    d.run(local={1}, usage=usage, trigger=GcTrigger(major=True))
+    assert [d.finish_job().log_id for _ in range(2)] == [4, 5]
+    s = _ask(d, GcStatusRequest)
+    assert (s.major_count, s.minor_count, s.forced) == (1, 1, False)
+    assert s.last_major_ms > 0 and s.last_minor_ms > 0
+
+
+def test_suspending_mid_run_finishes_the_log_under_way_and_keeps_the_suspects_for_later() -> None:
+    d = Driver(metadata={1}, state=MemState(5), suspect_below=8)
+    usage = {5: {1: 100}, 6: {1: 100}, 7: {1: 100}}
+    d.run(local={1}, usage=usage)
+    assert d.core.suspects_scheduled
+    start = d.one("entrylogger", CompactLog)
+    s = _ask(d, lambda a: GcSuspend(True, None, a))
+    assert s.major_compacting and s.major_suspended
+    d.one("entrylogger", CompactChunk)
+    d.send(Relocated(start.job, 1, [], 100, 10, last=True))
+    d.send(CompactionDurable(start.job))
+    assert start.log_id == 5 and d.take("entrylogger", CompactLog) == [], "6 and 7 wait for major"
+    assert d.core.run is None and d.state.value == 5, "dupes_from stays until every suspect is compacted"
+    assert not d.core.suspects_scheduled
+    _ask(d, lambda a: GcSuspend(False, None, a))
+    d.run(local={1}, usage={6: {1: 100}, 7: {1: 100}})
+    assert [d.finish_job().log_id for _ in range(2)] == [6, 7]
+    assert d.state.value is None
 
 
 def test_gc_state_file_round_trip_and_damage(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ class BookieProcess:
         self.settings = with_defaults(settings or {}, {"registration_ttl_s": 2, "disk_check_interval_ms": 1000,
                                                         "gc_wait_time_ms": 3_600_000})
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_argv: list[str] = []  # more `zbk bookie` flags (--readonly)
 
     @property
     def bookie_id(self) -> str:
@@ -50,7 +51,7 @@ class BookieProcess:
                 "--data-dir", str(self.data_dir), "--port", str(self.port), "--http-port", str(self.http_port)]
         for k, v in self.settings.items():
             argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
-        return argv
+        return argv + self.extra_argv
 
     def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> BookieProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"

@@ -75,12 +75,19 @@ Messages (zbk/actors/messages.py)::
        --LiveResult--> EntryLogger --Relocate--> Server --> IndexSyncer --Relocated--> GC
     IndexSyncer (index flushed after the last Relocate) --CompactionDurable--> GC
     admin (HTTP) --GcTrigger--> GC
+    admin (HTTP) --GcStatusRequest / GcSuspend--> GC (answered through their Future)
+
+Compaction of either kind can be suspended by an operator (PUT gc/suspend_compaction, as
+BookKeeper's): a suspended kind is not started, forced or due, and the logs queued for it
+wait (an interrupted compaction's "suspects" are major work: they wait for major too);
+the log being compacted is finished. Not persisted: a restart resumes both.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,6 +100,9 @@ from zbk.actors.messages import (
     CompactLog,
     DeleteLedgers,
     DeleteLogs,
+    GcStatus,
+    GcStatusRequest,
+    GcSuspend,
     GcTrigger,
     LocalLedgers,
     LocalLedgersRequest,
@@ -251,7 +261,8 @@ class GcCore:
 
     def __init__(self, settings: GcSettings, *, outbox: Outbox, list_ledger_ids: Callable[[], set[int]],
                  state: GcStateStore, suspect_below: int, compaction_allowed: Callable[[], bool] = lambda: True,
-                 ledger_exists: Callable[[int], bool] | None = None, overrep: OverrepTracker | None = None) -> None:
+                 ledger_exists: Callable[[int], bool] | None = None, overrep: OverrepTracker | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """``suspect_below``: the least unflushed log id when the bookie started; logs below it
         and >= a persisted ``dupes_from`` may hold copies of a compaction cut short.
         ``ledger_exists``: when given, each ledger missing from the listing is read once more
@@ -281,6 +292,10 @@ class GcCore:
         self.failed_logs: set[int] = set()  # compaction failed (corrupt?): left for an operator
         self.deletions: dict[int, _Deletion] = {}
         self.runs_completed = 0
+        self.wall_clock = wall_clock  # for gc_details' times only; every decision uses ``now``
+        self.suspended = {MAJOR: False, MINOR: False}
+        self.passes = {MAJOR: 0, MINOR: 0}  # compaction passes of each kind (gc_details' counters)
+        self.last_pass_ms = {MAJOR: 0, MINOR: 0}
 
     def _send(self, dest: str, msg: Any) -> None:
         self.outbox.send(dest, msg)
@@ -319,12 +334,28 @@ class GcCore:
             self._on_relocated(msg, now)
         elif isinstance(msg, CompactionDurable):
             self._on_durable(msg, now)
+        elif isinstance(msg, GcStatusRequest):
+            msg.answer.set_result(self.status())
+        elif isinstance(msg, GcSuspend):
+            for kind, value in ((MAJOR, msg.major), (MINOR, msg.minor)):
+                if value is not None and value != self.suspended[kind]:
+                    log.info("gc: %s compaction %s by an operator", kind, "suspended" if value else "resumed")
+                    self.suspended[kind] = value
+            msg.answer.set_result(self.status())
         else:
             raise AssertionError(f"gc: unexpected message {msg!r}")
 
     @property
     def busy(self) -> bool:
         return self.run is not None
+
+    def status(self) -> GcStatus:
+        kind = self.job.kind if self.job is not None else None
+        return GcStatus(forced=self.run is not None and self.run.forced,
+                        major_compacting=kind == MAJOR, minor_compacting=kind == MINOR,
+                        last_major_ms=self.last_pass_ms[MAJOR], last_minor_ms=self.last_pass_ms[MINOR],
+                        major_count=self.passes[MAJOR], minor_count=self.passes[MINOR],
+                        major_suspended=self.suspended[MAJOR], minor_suspended=self.suspended[MINOR])
 
     # -- a run ----------------------------------------------------------------------------------
     def _on_trigger(self, msg: GcTrigger, now: float) -> None:
@@ -409,7 +440,7 @@ class GcCore:
                           now: float) -> list[_Candidate]:
         kind = self._due_kind(run, now)
         suspects: list[int] = []
-        if not self.suspects_scheduled:
+        if not self.suspects_scheduled and not self.suspended[MAJOR]:
             assert self.dupes_from is not None
             suspects = [lg for lg in sorted(stats.usage)
                         if self.dupes_from <= lg < self.suspect_below and lg not in exclude]
@@ -430,12 +461,16 @@ class GcCore:
             self.last_minor_at = now
             if kind == MAJOR:  # a major compaction covers what a minor one would do
                 self.last_major_at = now
+            self.passes[kind] += 1
+            self.last_pass_ms[kind] = int(self.wall_clock() * 1000)
         return queue
 
     def _due_kind(self, run: _Run, now: float) -> str | None:
-        if run.major or now - self.last_major_at >= self.s.major_interval_s:
+        """The kind to run now; a suspended one never (a due minor runs instead of a
+        suspended major)."""
+        if not self.suspended[MAJOR] and (run.major or now - self.last_major_at >= self.s.major_interval_s):
             return MAJOR
-        if run.minor or now - self.last_minor_at >= self.s.minor_interval_s:
+        if not self.suspended[MINOR] and (run.minor or now - self.last_minor_at >= self.s.minor_interval_s):
             return MINOR
         return None
 
@@ -464,9 +499,14 @@ class GcCore:
     def _next_job(self, now: float) -> None:
         run = self.run
         assert run is not None and run.phase is Phase.COMPACTING and self.job is None
-        if run.queue:
-            self._start_job(run.queue.pop(0), now)
-            return
+        while run.queue:
+            cand = run.queue.pop(0)
+            if not self.suspended[cand.kind]:
+                self._start_job(cand, now)
+                return
+            if cand.suspect:
+                self.suspects_scheduled = False  # suspended before its turn: the next run takes it
+
         if self.dupes_from is not None and self.suspects_scheduled:
             # Every job of this run waited for its relocations to be durable, and the suspects
             # of an earlier crash were compacted: no log holds copies the index could miss.

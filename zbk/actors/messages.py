@@ -251,6 +251,40 @@ class GcTrigger:
     minor: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class GcStatus:
+    """The GarbageCollector's state, as GET /api/v1/bookie/gc_details and the compaction
+    suspension endpoints report it. Times are wall-clock milliseconds (0: never)."""
+
+    forced: bool  # the run under way was asked for (POST /api/v1/bookie/gc), not scheduled
+    major_compacting: bool
+    minor_compacting: bool
+    last_major_ms: int
+    last_minor_ms: int
+    major_count: int  # compaction passes of each kind since the bookie started
+    minor_count: int
+    major_suspended: bool
+    minor_suspended: bool
+
+
+@dataclass(slots=True)
+class GcStatusRequest:
+    """Admin (GET gc_details) -> GC: complete ``answer`` with a GcStatus."""
+
+    answer: Future[GcStatus]
+
+
+@dataclass(slots=True)
+class GcSuspend:
+    """Admin (PUT gc/suspend_compaction, gc/resume_compaction) -> GC: suspend (True) or resume
+    (False) each kind of compaction, None leaving it as it is; ``answer``: the state after.
+    A suspended kind does not start, forced or scheduled; a log being compacted is finished."""
+
+    major: bool | None
+    minor: bool | None
+    answer: Future[GcStatus]
+
+
 @dataclass(slots=True)
 class LocalLedgersRequest:
     """GC -> Server -> IndexSyncer: which ledgers does the index hold? Routed through the

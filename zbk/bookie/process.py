@@ -1,7 +1,8 @@
 """A bookie process: boot sequence, actor wiring, registration, HTTP, shutdown.
 
-Boot (zbk/bookie/boot.py: cookies, dirty marker, journal replay, phase one) runs before any
-request is served; then:
+The HTTP server starts first (zbk/bookie/admin.py), so that is_ready answers 503 during the
+boot. Boot (zbk/bookie/boot.py: cookies, dirty marker, journal replay, phase one) runs before
+any wire request is served; then:
 5. Start the actors, bind the port, register as writable (lease-bound) and serve.
 6. Phase two (limbo repair) is replicator work: at every boot the bookie writes a repair
    mark for each ledger still in limbo here; see zbk/recovery/repair.py.
@@ -78,6 +79,7 @@ class Bookie(BookieAdmin):
                                  outbox=outbox("server", ["entrylogger", *jnames, "index"]),
                                  read_only_mode_enabled=cfg.disk.read_only_mode_enabled,
                                  on_state_change=self._on_state_change, journals=n)
+        self._restore_read_only(self.server)
         journals = [JournalCore(writer, outbox=outbox(name, ["server", "entrylogger"]),
                                 sync_data=cfg.journal.sync_data,
                                 group_bytes_max=cfg.journal.buffered_writes_threshold_bytes,
@@ -119,8 +121,9 @@ class Bookie(BookieAdmin):
         self.admin_lock = threading.Lock()  # HTTP handlers run on many threads; a socket is not thread-safe
         self.admin_gc = self.ctx.socket(zmq.PUSH)  # POST /api/v1/bookie/gc -> GarbageCollector
         self.admin_gc.connect(pipe_address(instance, "admin", "gc"))
-        self._start_http()
+        self._serve_admin()
         self._register(read_only=self.server_read_only)
+        self.ready = True  # replayed and registered: GET /api/v1/bookie/is_ready answers 200
         if cfg.autorecovery.enabled:
             self._start_autorecovery()
         log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
@@ -180,8 +183,7 @@ class Bookie(BookieAdmin):
             self.lease.stop()  # revokes the lease: the registration vanishes at once
         for loop in self.loops:
             loop.join(limits.actor_stop_timeout_s)
-        if self.http is not None:
-            self.http.stop()
+        self._stop_http()
         if not self.crashed and self.index_actor is not None and not self.index_actor.is_alive():
             # The actors saw the stop at different moments: an add may have been acknowledged
             # while its index update was still on its way to the IndexSyncer (the Server's

@@ -36,7 +36,7 @@ def _bookie(args: argparse.Namespace) -> int:
     from zbk.config import BookieConfig, load
 
     explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
-                "http_port": args.http_port}
+                "http_port": args.http_port, "start_read_only": args.readonly}
     cfg = load(BookieConfig, path=args.config, overrides=args.set, explicit=explicit)
     return run_bookie(cfg, stop=stop)
 
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=int, help="wire port (default 3181)")
     b.add_argument("--http-port", type=int, help="HTTP port for /metrics and the admin API (default 8000)")
     b.add_argument("--config", help="bookie.toml: top-level keys and a table per component ([journal], ...)")
+    b.add_argument("--readonly", action="store_true", default=None,
+                   help="start read-only; it lasts (across restarts too) until PUT /api/v1/bookie/state "
+                        '{"state": "writable"}')
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, as table.key or by its flat name (repeatable)")
     b.set_defaults(func=_bookie)

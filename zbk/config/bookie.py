@@ -52,6 +52,10 @@ class BookieConfig:
     # CPU saves the cross-CPU hand-overs of the GIL between them (docs/operations.md,
     # "CPU affinity").
     actor_cpus: str = ""
+    # Start read-only, as an operator's PUT /api/v1/bookie/state {"state": "readonly"} would
+    # (`zbk bookie --readonly`): the state is kept on disk and lasts until an operator
+    # switches the bookie back to writable (zbk/storage/operatorstate.py).
+    start_read_only: bool = False
 
     journal: JournalConfig = field(default_factory=JournalConfig)
     entry_log: EntryLogConfig = field(default_factory=EntryLogConfig)

@@ -26,6 +26,9 @@ AUDITOR_LAST_CHECK = "auditor/last_check"  # when the last periodic check finish
 AUDITOR_LAST_CHECK_STARTED = "auditor/last_check_started"
 COOKIE_FIXES = "cookiefixes/"  # cookiefixes/<bookie>: when auto_fix_cookie rewrote its cookie (ms since the epoch)
 LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
+# Present while an operator has switched auto-recovery off (BookKeeper's
+# ``underreplication/disable``): the auditor marks nothing and replicators repair nothing.
+AUTORECOVERY_DISABLED = "underreplication/disable"
 
 
 def ledger_key(ledger_id: int) -> str:

@@ -1,7 +1,11 @@
 """The small HTTP server every zbk process runs: /metrics, /heartbeat and /api/v1/...
 
-Handlers are plain functions registered by path. Reads (GET) are open: metrics and state.
-Mutating endpoints (PUT/POST: read-only mode, GC, recovery delay...) are guarded:
+Handlers are plain functions registered by method and path: ``route`` for those that take
+no query parameters, ``route_query`` for those that name theirs (a parameter a route does
+not name, a repeated one, or a malformed query string is a 400). A path no route has is a
+404; a method a path does not have (DELETE, PATCH, HEAD, OPTIONS included) a 405 with an
+``Allow`` header. Reads (GET) are open: metrics and state. Mutating endpoints (PUT/POST:
+read-only mode, GC, recovery delay...) are guarded:
 
 * The server binds loopback unless told otherwise (``http_bind_address``).
 * With ``admin_token`` set, a mutating request needs ``Authorization: Bearer <token>``
@@ -31,6 +35,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -39,6 +44,10 @@ from zbk.errors import ZbkError
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any] | None], Any]
+Query = dict[str, str]
+QueryHandler = Callable[[dict[str, Any] | None, Query], Any]
+_Route = Callable[[dict[str, Any] | None, str], Any]  # (body, raw query string)
+METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH", "HEAD", "OPTIONS")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -55,6 +64,54 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def parse_query(raw: str, allowed: tuple[str, ...]) -> Query:
+    """The parameters of a query string, each at most once and each among ``allowed``."""
+    if not raw:
+        return {}
+    try:
+        parsed = parse_qs(raw, keep_blank_values=True, strict_parsing=True, errors="strict",
+                          max_num_fields=len(allowed) + 16)  # the request line is bounded anyway
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HttpError(400, f"malformed query string: {e}") from None
+    unknown = sorted(set(parsed) - set(allowed))
+    if unknown:
+        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+        raise HttpError(400, f"unknown query parameter(s) {', '.join(unknown)}; {takes}")
+    repeated = sorted(k for k, v in parsed.items() if len(v) > 1)
+    if repeated:
+        raise HttpError(400, f"query parameter(s) {', '.join(repeated)} given more than once")
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def param_int(query: Query, name: str, *, default: int | None = None, minimum: int = 0,
+              maximum: int | None = None) -> int:
+    """An integer parameter in [minimum, maximum]; required when ``default`` is None."""
+    raw = query.get(name)
+    if raw is None:
+        if default is None:
+            raise HttpError(400, f"query parameter {name} is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer, got {raw[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise HttpError(400, f"{name} must be in [{minimum}, {'...' if maximum is None else maximum}], got {value}")
+    return value
+
+
+def as_bool(name: str, value: Any, default: bool | None = None) -> bool:
+    """A flag from a query parameter or a JSON body: true/false, as JSON or as text (BookKeeper's
+    bodies carry "true" as a string)."""
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise HttpError(400, f"{name} must be true or false, got {str(value)[:40]!r}")
 
 
 _BUSY_BODY = json.dumps({"error": "busy: too many HTTP requests at once; retry"}).encode()
@@ -113,14 +170,14 @@ class AdminHttpServer:
     def __init__(self, host: str, port: int, *, token: str = "", exposed: bool | None = None,
                  request_timeout_s: float = limits.http_request_timeout_s_default,
                  threads_max: int = limits.http_threads_max) -> None:
-        self.routes: dict[tuple[str, str], Handler] = {}
+        self.routes: dict[tuple[str, str], _Route] = {}
         self.token = token
         # Reachable from other machines? (Tests force it to check the policy on loopback.)
         self.exposed = not is_loopback_host(host) if exposed is None else exposed
         if self.exposed and not token:
             log.warning("admin HTTP API on %s:%s without admin_token: PUT/POST endpoints are refused "
                         "(set admin_token to use them remotely)", host, port)
-        self.routes[("GET", "/heartbeat")] = lambda _body: {"status": "ok"}
+        self.route("GET", "/heartbeat", lambda _body: {"status": "ok"})
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -129,22 +186,33 @@ class AdminHttpServer:
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet: metrics scrapes are frequent
                 log.debug(fmt, *args)
 
-            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            def _send(self, code: int, body: bytes, ctype: str = "application/json",
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":  # a HEAD answer has headers only
+                    self.wfile.write(body)
 
             def _handle(self, method: str) -> None:
-                path = self.path.split("?", 1)[0]
+                path, _, raw_query = self.path.partition("?")
                 if method == "GET" and path == "/metrics":
                     self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
                     return
                 handler = outer.routes.get((method, path))
                 if handler is None:
-                    code = 405 if any(p == path for _, p in outer.routes) else 404
-                    self._send(code, json.dumps({"error": f"no {method} {path}"}).encode())
+                    allowed = sorted(m for m, p in outer.routes if p == path)
+                    if path == "/metrics":
+                        allowed = ["GET"]
+                    if allowed:
+                        self._send(405, json.dumps({"error": f"{method} is not allowed on {path}; "
+                                                             f"it takes {', '.join(allowed)}"}).encode(),
+                                   headers={"Allow": ", ".join(allowed)})
+                    else:
+                        self._send(404, json.dumps({"error": f"no such endpoint: {path}"}).encode())
                     return
                 if method != "GET":
                     refused = outer.refuse_mutation(self.headers.get("Authorization"), self.headers.get("Origin"))
@@ -158,7 +226,7 @@ class AdminHttpServer:
                     self._send(e.status, json.dumps({"error": str(e)}).encode())
                     return
                 try:
-                    result = handler(body)
+                    result = handler(body, raw_query)
                 except HttpError as e:
                     self._send(e.status, json.dumps({"error": str(e)}).encode())
                     return
@@ -203,6 +271,18 @@ class AdminHttpServer:
             def do_POST(self) -> None:  # noqa: N802
                 self._handle("POST")
 
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._handle("DELETE")
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                self._handle("PATCH")
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._handle("HEAD")
+
+            def do_OPTIONS(self) -> None:  # noqa: N802
+                self._handle("OPTIONS")
+
         self.httpd = BoundedHTTPServer((host, port), _H, threads_max)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="zbk-http", daemon=True)
@@ -220,7 +300,17 @@ class AdminHttpServer:
         return None
 
     def route(self, method: str, path: str, handler: Handler) -> None:
-        self.routes[(method, path)] = handler
+        """A route without query parameters (any is a 400)."""
+        self.route_query(method, path, (), lambda body, _query: handler(body))
+
+    def route_query(self, method: str, path: str, params: tuple[str, ...], handler: QueryHandler) -> None:
+        """A route that takes the query parameters ``params`` (others are a 400)."""
+        assert method in METHODS, method
+
+        def parsed(body: dict[str, Any] | None, raw_query: str) -> Any:
+            return handler(body, parse_query(raw_query, params))
+
+        self.routes[(method, path)] = parsed
 
     def start(self) -> None:
         self.thread.start()

@@ -18,6 +18,11 @@ damaged replicas for in-place repair. The time of the last finished check is kep
 ``auditor/last_check`` so that a new leader does not start a full check at once unless
 one is due.
 
+While an operator has auto-recovery switched off (:mod:`zbk.recovery.switch`) the leader
+still follows the registrations, but marks nothing: audits that come due wait, and run as
+soon as the switch is back on (it watches the switch); the periodic check does not start,
+and one under way stops before its next ledger and runs again once the switch is on.
+
 :class:`AuditorCore` holds the decisions (plain state, the clock passed in as numbers);
 :class:`Auditor` is the thin thread around it that talks to the metadata store.
 """
@@ -40,6 +45,7 @@ from zbk.metadata.coordination import LeaderElection
 from zbk.metadata.registry import LedgerStore, list_bookies, watch_bookies
 from zbk.metadata.store import MetadataStore, Watch, WatchEvent
 from zbk.recovery import metrics as rm
+from zbk.recovery.switch import is_enabled
 from zbk.recovery.underreplication import UnderReplicationRegistry, get_recovery_delay
 
 log = logging.getLogger(__name__)
@@ -129,6 +135,7 @@ class Auditor:
         self._thread = threading.Thread(target=self._run, name="zbk-auditor", daemon=True)
         self._triggered = threading.Event()
         self._check_thread: threading.Thread | None = None
+        self._check_halt = threading.Event()  # set to end the running periodic check (stop, switch off)
         rm.AUDITOR_IS_LEADER.set(0)
 
     def start(self) -> None:
@@ -137,6 +144,7 @@ class Auditor:
     def stop(self) -> None:
         """Stop campaigning and resign leadership (another candidate takes over at once)."""
         self._stop.set()
+        self._check_halt.set()
         self._wake.set()
         self._thread.join(limits.auditor_stop_timeout_s)
         if self._check_thread is not None:
@@ -187,21 +195,24 @@ class Auditor:
             watches.append(self.store.watch(layout.LOST_BOOKIE_RECOVERY_DELAY, self._on_delay_event))
             watches.append(self.store.watch(layout.AUDITOR_TRIGGER, self._on_trigger,
                                             start_revision=self.store.revision() + 1))
+            watches.append(self.store.watch(layout.AUTORECOVERY_DISABLED, self._on_switch_event))
             core = AuditorCore(get_recovery_delay(self.store, self.default_delay_s))
             next_check = self.clock.monotonic()
             next_fragment_check = self.clock.monotonic() + self._until_fragment_check_due()
             while not self._stop.is_set() and self.election.is_leader():
                 self._wake.clear()  # before reading: a change from now on wakes the next pass
                 now = self.clock.monotonic()
+                enabled = self._enabled()
                 if now >= next_check:
                     self._check_all(core)
                     next_check = self.clock.monotonic() + self.check_interval_s
-                if self._triggered.is_set() or now >= next_fragment_check:
+                if enabled and (self._triggered.is_set() or now >= next_fragment_check):
                     if self._start_fragment_check():
                         self._triggered.clear()
                         next_fragment_check = now + self.check_interval_s
-                self._pass(core)
-                nxt = core.next_due()
+                self._pass(core, enabled=enabled)
+                # Switched off, due audits wait for the switch (its watch wakes us), not for time.
+                nxt = core.next_due() if enabled else None
                 wait = limits.auditor_leader_poll_interval_s if nxt is None else nxt - self.clock.monotonic()
                 self._wake.wait(max(0.0, min(limits.auditor_leader_poll_interval_s, wait)))
         finally:
@@ -214,6 +225,18 @@ class Auditor:
         but nobody has registered counts as gone, even if no watch event ever said so.
         (Read probes of fragments on living bookies are not part of it yet.)"""
         core.observe(self._available(), self.clock.monotonic(), referenced=self._referenced())
+
+    def _enabled(self) -> bool:
+        enabled = is_enabled(self.store)
+        rm.AUTORECOVERY_ENABLED.set(1 if enabled else 0)
+        return enabled
+
+    def _on_switch_event(self, ev: WatchEvent) -> None:
+        if ev.key != layout.AUTORECOVERY_DISABLED:
+            return
+        if ev.kind == "put":  # switched off: a periodic check under way stops before its next ledger
+            self._check_halt.set()
+        self._wake.set()
 
     def _on_trigger(self, ev: WatchEvent) -> None:
         if ev.key == layout.AUDITOR_TRIGGER and ev.kind == "put":
@@ -232,6 +255,9 @@ class Auditor:
         """Start the periodic check of all ledgers in the background; False if one runs."""
         if self._check_thread is not None and self._check_thread.is_alive():
             return False
+        self._check_halt = threading.Event()
+        if self._stop.is_set():
+            self._check_halt.set()
         self._check_thread = threading.Thread(target=self._run_fragment_check, name="zbk-auditor-check",
                                               daemon=True)
         self._check_thread.start()
@@ -239,8 +265,14 @@ class Auditor:
 
     def _run_fragment_check(self) -> None:
         started = str(int(time.time() * 1000)).encode("ascii")
+        halt = self._check_halt
         try:
-            asyncio.run(self._fragment_check())
+            asyncio.run(self._fragment_check(halt))
+            if halt.is_set() and not self._stop.is_set():
+                # Cut short by the switch: not a finished check. Run it again once it is on.
+                log.info("auditor: periodic check stopped: auto-recovery is switched off")
+                self._triggered.set()
+                return
             # The start too: a bookie's cookie fix counts as audited only by a check that
             # began after it (zbk/bookie/overrepsource.py).
             self.store.put(layout.AUDITOR_LAST_CHECK_STARTED, started)
@@ -252,13 +284,13 @@ class Auditor:
             if self._on_crash is not None:
                 self._on_crash()
 
-    async def _fragment_check(self) -> None:
+    async def _fragment_check(self, halt: threading.Event) -> None:
         from zbk.client.bookkeeper import ClientContext
         from zbk.recovery.checker import LedgerChecker
 
         ctx = ClientContext.over_zmq(self.store, self.client_config)
         try:
-            await LedgerChecker(ctx, self.registry, stop=self._stop,
+            await LedgerChecker(ctx, self.registry, stop=halt,
                                 verification_percent=self.verification_percent).check_all()
         finally:
             await ctx.transport.close()
@@ -267,10 +299,10 @@ class Auditor:
         if ev.key == layout.LOST_BOOKIE_RECOVERY_DELAY:
             self._wake.set()
 
-    def _pass(self, core: AuditorCore) -> None:
+    def _pass(self, core: AuditorCore, *, enabled: bool = True) -> None:
         core.set_delay(get_recovery_delay(self.store, self.default_delay_s))
         core.observe(self._available(), self.clock.monotonic())
-        for bookie in core.due(self.clock.monotonic()):
+        for bookie in core.due(self.clock.monotonic()) if enabled else []:
             try:
                 if self._audit(bookie) == 0:
                     core.forget(bookie)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+AUTORECOVERY_ENABLED = Gauge("zbk_autorecovery_enabled",
+                             "1 while the cluster's auto-recovery switch is on, 0 while an operator has it off")
 AUDITOR_IS_LEADER = Gauge("zbk_auditor_is_leader", "1 while this process is the elected auditor, else 0")
 AUDITOR_UNDER_REPLICATED_LEDGERS = Gauge("zbk_auditor_under_replicated_ledgers",
                                          "Ledgers marked under-replicated (as last counted by the auditor)")

@@ -10,11 +10,9 @@ dies they vanish with it; if the lease is lost while running, the process exits 
 rather than keep working without it (crash, don't limp). SIGTERM / SIGINT stop it cleanly:
 workers finish their step, leadership and locks are released, the lease revoked.
 
-HTTP (loopback by default): /metrics, /heartbeat,
-GET /api/v1/autorecovery/list_under_replicated_ledger -> {"ledgers": [{ledger_id, missing_bookies, marked_ms}],
-    "repairs": [{ledger_id, bookie, why, marked_ms, detail}]} (in-place repairs: limbo, damaged replicas),
-GET /api/v1/autorecovery/who_is_auditor -> {"auditor": id or null},
-GET|PUT /api/v1/autorecovery/lost_bookie_recovery_delay <-> {"lost_bookie_recovery_delay_s": seconds}.
+HTTP (loopback by default): /metrics, /heartbeat and the cluster-wide admin routes,
+``/api/v1/autorecovery/*`` and ``/api/v1/ledger/*`` (zbk/metrics/clusterapi.py). Run inside a
+bookie (``autorecovery.enabled``), the bookie's HTTP server has those routes already.
 The process's candidate id is ``<host>:<http port>`` of its admin API, the host being
 ``advertised_address``, else the bind address, else (bound to a wildcard) the host name.
 """
@@ -90,6 +88,7 @@ class AutoRecovery:
         self._replicator: Any = None
         self._replicator_thread: threading.Thread | None = None
         self.auditor: Any = None
+        self.api: Any = None  # zbk.metrics.clusterapi.ClusterApi, on an HTTP server of our own
 
     def _lease_lost(self) -> None:
         log.error("autorecovery %s: lease lost; exiting", self.candidate_id)
@@ -97,14 +96,20 @@ class AutoRecovery:
         self.stop_event.set()
 
     def start(self) -> None:
+        from zbk.metrics.clusterapi import ClusterApi
+        from zbk.recovery import metrics as rm
         from zbk.recovery.auditor import Auditor
+        from zbk.recovery.switch import is_enabled
         from zbk.recovery.underreplication import UnderReplicationRegistry, init_recovery_delay
 
         lease = self.lease.start()
         self.registry = UnderReplicationRegistry(self.store, self.candidate_id)
         init_recovery_delay(self.store, self.cfg.autorecovery.lost_bookie_recovery_delay_s)
-        self._routes()
+        rm.AUTORECOVERY_ENABLED.set(1 if is_enabled(self.store) else 0)  # then each replicator pass
         if self._own_http:
+            self.api = ClusterApi(self.store, owner=f"autorecovery {self.candidate_id}",
+                                  client_config=self.cfg.client_config())
+            self.api.install(self.http)
             self.http.start()
         self.auditor = Auditor(self.store, self.registry, lease, self.candidate_id,
                                default_delay_s=self.cfg.autorecovery.lost_bookie_recovery_delay_s,
@@ -148,28 +153,6 @@ class AutoRecovery:
         finally:
             await ctx.transport.close()
 
-    def _routes(self) -> None:
-        from zbk.metadata.coordination import current_leader
-        from zbk.metrics.http import HttpError
-        from zbk.recovery.underreplication import get_recovery_delay, set_recovery_delay
-
-        base = "/api/v1/autorecovery"
-
-        def put_delay(body: dict[str, Any] | None) -> dict[str, Any]:
-            value = (body or {}).get("lost_bookie_recovery_delay_s")
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise HttpError(400, 'body must be {"lost_bookie_recovery_delay_s": seconds >= 0}')
-            set_recovery_delay(self.store, float(value))
-            return {"lost_bookie_recovery_delay_s": float(value)}
-
-        self.http.route("GET", f"{base}/list_under_replicated_ledger",
-                        lambda _b: {"ledgers": [m.as_json() for m in self.registry.list()],
-                                    "repairs": [m.as_json() for m in self.registry.list_repairs()]})
-        self.http.route("GET", f"{base}/who_is_auditor", lambda _b: {"auditor": current_leader(self.store)})
-        self.http.route("GET", f"{base}/lost_bookie_recovery_delay",
-                        lambda _b: {"lost_bookie_recovery_delay_s": get_recovery_delay(self.store)})
-        self.http.route("PUT", f"{base}/lost_bookie_recovery_delay", put_delay)
-
     def stop(self) -> None:
         """Release everything others wait for: leadership first, then ledger locks."""
         if self.auditor is not None:
@@ -182,6 +165,8 @@ class AutoRecovery:
             self._replicator_thread.join(limits.autorecovery_stop_timeout_s)
         if self._own_http:
             self.http.stop()
+        if self.api is not None:
+            self.api.close()
         self.lease.stop(revoke=True)  # deletes any lock key a stuck worker still held
         self.store.close()
 

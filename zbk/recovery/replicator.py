@@ -27,6 +27,10 @@ after BP-46 phase one, replicas the periodic check found damaged) under the same
 lock and back-off: see :mod:`zbk.recovery.repair`.
 
 Workers run as asyncio tasks that share one client context (one DEALER per bookie).
+
+Before each pass a worker reads the cluster's auto-recovery switch
+(:mod:`zbk.recovery.switch`): while an operator has it off the pass takes no mark, so
+nothing is repaired until it is on again (a ledger already being worked on is finished).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from zbk.metadata.registry import list_bookies
 from zbk.recovery import metrics as rm
 from zbk.recovery.copier import EntryCopier, RateLimiter, positions_held
 from zbk.recovery.repair import InPlaceRepairer
+from zbk.recovery.switch import is_enabled
 from zbk.recovery.underreplication import RepairMark, UnderReplicatedLedger, UnderReplicationRegistry
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,10 @@ class Replicator:
 
     async def run_once(self) -> bool:
         """Work on one marked ledger we could lock; True if one was made whole."""
+        enabled = await asyncio.to_thread(is_enabled, self.ctx.store)
+        rm.AUTORECOVERY_ENABLED.set(1 if enabled else 0)
+        if not enabled:
+            return False
         marks: list[UnderReplicatedLedger | RepairMark] = []
         marks.extend(await asyncio.to_thread(self.registry.list))
         marks.extend(await asyncio.to_thread(self.registry.list_repairs))

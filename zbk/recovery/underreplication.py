@@ -223,6 +223,12 @@ class UnderReplicationRegistry:
     def lock_holder(self, ledger_id: int) -> str | None:
         return self.locks.holder(layout.underreplicated_lock_key(ledger_id))
 
+    def held_locks(self) -> dict[int, str]:
+        """Every ledger whose lock is held now (whoever holds it) -> the holder's id: what is
+        being repaired at this moment, and by whom."""
+        return {int(kv.key[len(layout.UNDERREPLICATED_LOCKS):]): kv.value.decode(errors="replace")
+                for kv in iter_prefix(self.store, layout.UNDERREPLICATED_LOCKS)}
+
 
 # -- lost bookie recovery delay ---------------------------------------------------------------
 def get_recovery_delay(store: MetadataStore, default_s: float = 0.0) -> float:

@@ -155,27 +155,9 @@ def _listfilesondisc(args: argparse.Namespace) -> None:
 def list_files(dirs: BookieDirs, *, journal: bool = True, entrylog: bool = True,
                index: bool = True) -> list[dict[str, Any]]:
     """One row per file: kind (journal, journal-free, entrylog, index), id, bytes, path."""
-    from zbk.storage.entrylog import list_logs
-    from zbk.storage.index import list_index_files
-    from zbk.storage.journal import list_free, list_segments, segment_name
-    from zbk.storage.journalformat import FREE_SUFFIX
+    from zbk.storage.listing import list_files as listing
 
-    found: list[tuple[str, int, str]] = []
-    for d in _existing(dirs.journal) if journal else []:
-        found += [("journal", sid, os.path.join(d, segment_name(sid))) for sid in list_segments(d)]
-        found += [("journal-free", sid, os.path.join(d, segment_name(sid) + FREE_SUFFIX)) for sid in list_free(d)]
-    for d in _existing(dirs.ledgers) if entrylog else []:
-        found += [("entrylog", lid, path) for lid, path in sorted(list_logs(d).items())]
-    for d in _existing(dirs.index) if index else []:
-        found += [("index", lid, path) for lid, path in sorted(list_index_files(d).items())]
-    result: list[dict[str, Any]] = []
-    for kind, ident, path in found:
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            continue  # removed while listing (the bookie should be stopped, but a GC may have run)
-        result.append({"kind": kind, "id": ident, "bytes": size, "path": path})
-    return result
+    return listing(dirs.journal, dirs.ledgers, dirs.index, journal=journal, entrylog=entrylog, index=index)
 
 
 def _files_table(files: list[dict[str, Any]]) -> str:

@@ -1,4 +1,5 @@
-"""Shell commands for auto-recovery: the marks, the auditor, the audit delay, decommission."""
+"""Shell commands for auto-recovery: the marks, the auditor, the audit delay, decommission, the
+cluster's auto-recovery switch and what is being repaired now."""
 
 from __future__ import annotations
 
@@ -135,3 +136,102 @@ def _recover(args: argparse.Namespace) -> int:
         + (f"closed {len(d['recovered_open_ledgers'])} open ledger(s) first; " if d["recovered_open_ledgers"] else "")
         + ("SAFE TO REMOVE" if d["safe_to_remove"] else f"NOT safe to remove: still named by {d['still_named_by']}")))
     return EXIT_OK if rep.safe_to_remove else EXIT_FAILED
+
+
+def _switch_args(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--enable", action="store_true", help="switch auto-recovery on: audits and repairs resume")
+    what.add_argument("--disable", action="store_true",
+                      help="switch it off: the auditor marks no ledger, replicators repair none")
+    what.add_argument("--status", action="store_true", help="show whether it is on (the default)")
+
+
+def _since(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _switch_text(d: dict[str, Any]) -> str:
+    if d["enabled"]:
+        return "auto-recovery is on"
+    by = f" by {d['disabled_by']}" if d["disabled_by"] else ""
+    return f"auto-recovery is OFF (since {_since(d['disabled_ms'])}{by}): nothing is audited or repaired" \
+        if d["disabled_ms"] else f"auto-recovery is OFF{by}: nothing is audited or repaired"
+
+
+def operator_name(tool: str) -> str:
+    """Who switched something, as metadata records it: the tool, the user and the host."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's): the host still says where
+        user = "?"
+    return f"{tool} ({user}@{socket.gethostname()})"
+
+
+@command("autorecovery", group=GROUP, summary="switch auto-recovery on or off for the cluster, or show whether it is on",
+         usage="[--enable | --disable | --status] --metadata URI",
+         example=f"zbk shell autorecovery --disable {_EXAMPLE_URI}", needs="metadata", configure=_switch_args)
+def _autorecovery(args: argparse.Namespace) -> None:
+    from zbk.recovery.switch import read_switch, set_enabled
+
+    store = open_metadata(args)
+    if args.enable or args.disable:
+        state = set_enabled(store, args.enable, by=operator_name("zbk shell"))
+    else:
+        state = read_switch(store)
+    out(args, state.as_json(), _switch_text)
+
+
+def _query_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", action="store_true", help="also list the marked ledgers that wait for a worker")
+
+
+@command("queryautorecoverystatus", group=GROUP, summary="what auto-recovery is repairing now, and which worker does it",
+         usage="--metadata URI [--verbose]", example=f"zbk shell queryautorecoverystatus {_EXAMPLE_URI}",
+         needs="metadata", configure=_query_args)
+def _queryautorecoverystatus(args: argparse.Namespace) -> None:
+    from zbk.recovery.switch import read_switch
+    from zbk.recovery.underreplication import UnderReplicationRegistry
+
+    store = open_metadata(args)
+    registry = UnderReplicationRegistry(store, "zbk-shell")
+    switch = read_switch(store)
+    marks = {m.ledger_id: m for m in registry.list()}
+    repairs: dict[int, list[Any]] = {}
+    for r in registry.list_repairs():
+        repairs.setdefault(r.ledger_id, []).append(r)
+    working = registry.held_locks()  # ledger -> the worker holding its lock
+    in_progress = [{"ledger_id": lid, "worker": worker,
+                    "missing_bookies": list(marks[lid].missing_bookies) if lid in marks else [],
+                    "repairs": [{"bookie": r.bookie_id, "why": r.why} for r in repairs.get(lid, [])]}
+                   for lid, worker in sorted(working.items())]
+    waiting = sorted((set(marks) | set(repairs)) - set(working))
+    data: dict[str, Any] = {**switch.as_json(), "in_progress": in_progress,
+                            "waiting": {"under_replicated": sum(1 for lid in waiting if lid in marks),
+                                        "in_place_repairs": sum(len(repairs.get(lid, [])) for lid in waiting)}}
+    if args.verbose:
+        data["waiting"]["ledgers"] = waiting
+    out(args, data, _query_text)
+
+
+def _what(row: dict[str, Any]) -> str:
+    parts = [f"lost {', '.join(row['missing_bookies'])}"] if row["missing_bookies"] else []
+    parts += [f"{r['why']} on {r['bookie']}" for r in row["repairs"]]
+    return "; ".join(parts) or "(its mark is gone: finishing)"
+
+
+def _query_text(d: dict[str, Any]) -> str:
+    lines = [_switch_text(d)]
+    if d["in_progress"]:
+        lines.append(rows(["ledger", "worker", "repairing"],
+                          [[r["ledger_id"], r["worker"], _what(r)] for r in d["in_progress"]]))
+    else:
+        lines.append("(no ledger is being repaired now)")
+    w = d["waiting"]
+    lines.append(f"waiting: {w['under_replicated']} under-replicated ledger(s), {w['in_place_repairs']} in-place "
+                 "repair(s)" + (f": {w['ledgers']}" if w.get("ledgers") else ""))
+    return "\n".join(lines)
