@@ -29,7 +29,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, cpu_seconds, git_rev, install_signal_handlers, machine_cpu_ticks, median_range  # noqa: E402
+from _procs import (  # noqa: E402
+    EtcdServer,
+    ZbkCluster,
+    cpu_seconds,
+    git_rev,
+    install_signal_handlers,
+    machine_cpu_ticks,
+    median_range,
+)
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -43,12 +51,12 @@ def _env(tree: str) -> dict[str, str]:
     return env
 
 
-def _start(settings: dict[str, str], tree: str) -> ZbkCluster:
+def _start(settings: dict[str, str], tree: str, metadata_uri: str = "") -> ZbkCluster:
     saved = os.environ.get("PYTHONPATH")
     if tree:  # the bookie processes inherit the environment
         os.environ["PYTHONPATH"] = str(Path(tree).resolve())
     try:
-        cluster = ZbkCluster(n=3, settings=dict(settings))
+        cluster = ZbkCluster(n=3, settings=dict(settings), metadata_uri=metadata_uri)
         return cluster.__enter__()
     finally:
         if saved is None:
@@ -88,14 +96,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--max-seconds", type=float, default=1800)
+    ap.add_argument("--metadata", choices=("sqlite", "etcd"), default="sqlite",
+                    help="each side's metadata store: its own embedded file, or its own etcd member (for trees "
+                         "whose embedded stores have different formats; adds never touch metadata)")
     args = ap.parse_args()
     install_signal_handlers(args.max_seconds)
     sides = {"A": (args.a_tree, _settings(args.a_set)), "B": (args.b_tree, _settings(args.b_set))}
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     clusters: dict[str, ZbkCluster] = {}
+    etcds: list[EtcdServer] = []
     try:
         for name, (tree, settings) in sides.items():
-            clusters[name] = _start(settings, tree)
+            uri = ""
+            if args.metadata == "etcd":
+                etcds.append(EtcdServer().start())
+                uri = etcds[-1].uri
+            clusters[name] = _start(settings, tree, uri)
         for r in range(args.rounds):
             for name, (tree, _) in sides.items():
                 rep = _run(clusters[name], tree, args)
@@ -108,6 +124,8 @@ def main() -> int:
     finally:
         for cluster in clusters.values():
             cluster.stop()
+        for etcd in etcds:
+            etcd.stop()
     summary: dict[str, Any] = {}
     for name, (tree, settings) in sides.items():
         xs = runs[name]
