@@ -14,6 +14,7 @@ from pathlib import Path
 
 from client import sim
 from client.sim import NO_PROTECTION, SimCluster
+from helpers.actorsim import BookieSettings
 
 from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.config import ClientConfig
@@ -125,7 +126,9 @@ def test_a_faulty_run_recorded_by_the_client_is_green(tmp_path: Path) -> None:
             checked[name] += result[name].checked
     # The runs exercised what the checker is for: acks, appends lost to the fence, refusals,
     # closed ledgers, readers.
-    assert checked["lost"] > 0 and checked["prefix"] >= 12 and checked["persistence"] == 6, checked
+    # Every run's final reader gives one view to judge; the standbys' tails add more, except
+    # where the recoverer fenced the ledger before a standby's first poll returned anything.
+    assert checked["lost"] > 0 and checked["prefix"] > 6 and checked["persistence"] == 6, checked
     assert outcomes.get("ok", 0) > 0 and outcomes.get("info", 0) > 0 and outcomes.get("fail", 0) > 0, outcomes
 
 
@@ -133,7 +136,8 @@ async def power_cut_run(seed: int, path: Path) -> tuple[History, CheckResult, in
     """Journal-less bookies (adds acknowledged before they are synced) all lose power at
     once after the writer's entries are acknowledged; they restart without BP-46's limbo,
     so the recovery finds nothing and closes the ledger empty."""
-    c = SimCluster(seed, bookies=3, journal_data=False, journal_fence=False)
+    # BP-46's pre-journal bookie: adds not journaled, fences not synced, no limbo at boot.
+    c = SimCluster(seed, bookies=3, settings=BookieSettings(journal_write_data=False, journal_sync_data=False))
     rec = HistoryRecorder(path, clock=asyncio.get_running_loop().time)
     writer = RecordingClient(c.client("w"), rec, "w")
     lh = await writer.create_ledger(3, 3, 2, password=PW)

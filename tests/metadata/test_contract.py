@@ -213,8 +213,11 @@ def test_watch_from_revision_replays_then_follows(store: MetadataStore, recorder
     revs = [store.put(f"h/{i}", str(i).encode()) for i in range(5)]
     w = store.watch("h/", recorder, start_revision=revs[2])
     try:
-        assert w.last_revision == revs[2] - 1
+        # start_revision - 1 until the first event is delivered; a store that delivers on its
+        # own thread (memory://) may already have delivered part of the replay by now.
+        assert w.last_revision in (revs[2] - 1, *revs[2:]), w.last_revision
         recorder.wait_for(3)
+        assert w.last_revision >= revs[4]
         later = store.put("h/5", b"5")
         events = recorder.wait_for(4)
         assert [e.revision for e in events] == [revs[2], revs[3], revs[4], later]
