@@ -26,21 +26,21 @@ import hashlib
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import zbk
-from zbk.client.digest import make_digest
-from zbk.client.raw import BookieConnection
 from zbk.config import ClientConfig
-from zbk.errors import DigestMismatchError, ZbkError
+from zbk.errors import ZbkError
 from zbk.metadata.coordination import current_leader
 from zbk.metadata.registry import LedgerStore, list_bookies
 from zbk.metadata.uri import open_store
-from zbk.recovery.repair import expected_entries
 from zbk.recovery.underreplication import UnderReplicationRegistry
-from zbk.wire import messages as w
-from zbk.wire.entry import parse_entry
-from zbk.wire.status import Status
+
+# The session runs as a script (sys.path[0] is tests/faults): tests/ holds the shared check
+# of what a bookie serves.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recovery.replicas import unreadable_on  # noqa: E402
 
 PASSWORD = b"clock"
 CONFIG = ClientConfig(add_timeout_ms=3000, read_timeout_ms=2000, speculative_read_ms=300)
@@ -66,26 +66,6 @@ def write(bk: zbk.BookKeeper, ledgers: int, entries: int, e: int, wq: int, aq: i
     return {"ledgers": out}
 
 
-def bad_on(bookie: str, md: Any, seed: int) -> list[int]:
-    """Entries ``md`` assigns to ``bookie`` that it does not serve with the right payload."""
-    digest = make_digest(md.digest, md.password)
-    bad = []
-    with BookieConnection(bookie, timeout_s=5) as c:
-        for e in expected_entries(md, bookie, closed_fragments_only=True):
-            r = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=md.ledger_id, first_entry_id=e))
-            if r.status != Status.EOK or not r.entries:
-                bad.append(e)
-                continue
-            try:
-                got = parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
-            except DigestMismatchError:
-                bad.append(e)
-                continue
-            if bytes(got.payload) != payload(seed, md.ledger_id, e):
-                bad.append(e)
-    return bad
-
-
 def verify(bk: zbk.BookKeeper, store: Any, seed: int, ids: list[int]) -> dict[str, Any]:
     ledgers = LedgerStore(store)
     out: dict[str, Any] = {}
@@ -94,7 +74,7 @@ def verify(bk: zbk.BookKeeper, store: Any, seed: int, ids: list[int]) -> dict[st
         replicas: dict[str, Any] = {}
         for b in sorted(md.all_bookies()):
             try:
-                replicas[b] = bad_on(b, md, seed)
+                replicas[b] = unreadable_on(b, md, lambda e, lid=md.ledger_id: payload(seed, lid, e))
             except ZbkError as e:
                 replicas[b] = f"{type(e).__name__}: {e}"
         rh = bk.open_ledger(lid, password=PASSWORD)

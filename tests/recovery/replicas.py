@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from zbk.client.digest import make_digest
 from zbk.client.raw import BookieConnection
 from zbk.errors import DigestMismatchError
@@ -12,8 +14,9 @@ from zbk.wire.entry import parse_entry
 from zbk.wire.status import Status
 
 
-def unreadable_on(bookie: str, md: LedgerMetadata) -> list[int]:
-    """Entries ``md`` assigns to ``bookie`` that it does not return intact (digest checked)."""
+def unreadable_on(bookie: str, md: LedgerMetadata, payload_of: Callable[[int], bytes] | None = None) -> list[int]:
+    """Entries ``md`` assigns to ``bookie`` that it does not return intact (digest checked),
+    or, given ``payload_of`` (entry id -> what was written), with another payload."""
     digest = make_digest(md.digest, md.password)
     bad = []
     with BookieConnection(bookie, timeout_s=5) as c:
@@ -23,7 +26,10 @@ def unreadable_on(bookie: str, md: LedgerMetadata) -> list[int]:
                 bad.append(e)
                 continue
             try:
-                parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
+                got = parse_entry(bytes(r.entries[0]), digest, ledger_id=md.ledger_id, entry_id=e)
             except DigestMismatchError:
+                bad.append(e)
+                continue
+            if payload_of is not None and bytes(got.payload) != payload_of(e):
                 bad.append(e)
     return bad
