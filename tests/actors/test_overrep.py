@@ -16,7 +16,7 @@ import pytest
 from helpers.actorsim import T0
 
 from zbk.actors.gc import GcTrigger
-from zbk.actors.messages import DeleteLedgers, LogStatsRequest
+from zbk.actors.messages import DeleteLedgers, LocalLedgers, LocalLedgersRequest, LogStats, LogStatsRequest
 from zbk.actors.overrep import (
     DELETE,
     KEEP_GRACE,
@@ -46,11 +46,30 @@ class FakeSource:
         self.reads: list[int] = []
         self.after_reads: dict[int, tuple[int, LedgerView | None]] = {}
         self.error: Exception | None = None
+        self.others: set[int] = set()  # ledgers whose replication lock another process holds
+        self.mine: set[int] = set()  # locks taken through this source and not released
+        self.log: list[tuple[str, int]] = []  # lock / view / unlock, in order
+        self.fail_under_lock = False  # reading a ledger this source holds locked raises
+
+    def lock(self, ledger_id: int) -> bool:
+        if ledger_id in self.others or ledger_id in self.mine:
+            return False
+        self.mine.add(ledger_id)
+        self.log.append(("lock", ledger_id))
+        return True
+
+    def unlock(self, ledger_id: int) -> None:
+        assert ledger_id in self.mine, f"unlock of {ledger_id}, which this source did not lock"
+        self.mine.discard(ledger_id)
+        self.log.append(("unlock", ledger_id))
 
     def view(self, ledger_id: int) -> LedgerView | None:
         if self.error is not None:
             raise self.error
+        if self.fail_under_lock and ledger_id in self.mine:
+            raise ConnectionError("etcd unreachable")
         self.reads.append(ledger_id)
+        self.log.append(("view", ledger_id))
         change = self.after_reads.get(ledger_id)
         if change is not None and self.reads.count(ledger_id) > change[0]:
             self.views[ledger_id] = change[1]
@@ -122,6 +141,27 @@ def test_each_candidate_is_read_again_right_before_deletion() -> None:
     assert src.reads == [1, 2, 3, 1, 2, 3]
 
 
+def test_the_last_read_is_made_under_the_replication_lock_held_until_release() -> None:
+    src = FakeSource({1: GONE, 2: GONE, 3: GONE})
+    t = OverrepTracker(0.0, src)
+    src.others = {2}  # a replicator holds 2: kept, though metadata does not name us
+    src.after_reads = {3: (1, NAMED)}  # 3 names us again by the time its lock is taken
+    assert t.scan({1, 2, 3}, T0) == {1}
+    assert src.log[3:] == [("lock", 1), ("view", 1), ("lock", 3), ("view", 3), ("unlock", 3)]
+    assert src.mine == {1} and t.held == {1}, "the lock of a doomed ledger is held until the deletion is done"
+    t.release()
+    assert src.mine == set() and t.held == set()
+
+
+def test_a_source_error_under_the_lock_releases_every_lock() -> None:
+    src = FakeSource({1: GONE, 2: GONE})
+    t = OverrepTracker(0.0, src)
+    src.fail_under_lock = True
+    with pytest.raises(ConnectionError):
+        t.scan({1, 2}, T0)
+    assert src.mine == set() and t.held == set()
+
+
 def test_a_source_error_propagates() -> None:
     src = FakeSource({1: GONE})
     src.error = ConnectionError("etcd unreachable")
@@ -143,6 +183,22 @@ def test_gc_deletes_over_replicated_ledgers_with_the_deleted_ones() -> None:
         assert d.take("server", DeleteLedgers) == []
         d.run(local={1, 2, 3}, usage={})
     assert d.one("server", DeleteLedgers).ledger_ids == [1]
+
+
+def test_gc_holds_the_replication_lock_until_the_server_has_dropped_the_ledger() -> None:
+    src = FakeSource({1: GONE})
+    d = Driver(metadata={1}, gc_wait_s=1.0)
+    d.core.overrep = OverrepTracker(0.0, src)
+    d.at(d.now + d.core.s.gc_wait_s)
+    d.send(LocalLedgers(d.one("server", LocalLedgersRequest).ctx, [1]))
+    assert d.one("server", DeleteLedgers).ledger_ids == [1]
+    assert src.mine == {1}, "the lock went before the Server dropped the ledger"
+    stats = d.one("entrylogger", LogStatsRequest)
+    d.send(LogStats(stats.ctx, {}, [], 500))
+    assert src.mine == {1}
+    # The Server answers this request after it handled the DeleteLedgers (one FIFO pipe).
+    d.send(LocalLedgers(d.one("server", LocalLedgersRequest).ctx, []))
+    assert src.mine == set()
 
 
 def test_the_scan_runs_on_its_interval_or_when_triggered() -> None:

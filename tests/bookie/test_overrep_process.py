@@ -7,6 +7,9 @@ fragment names another bookie but its first still names this one; ``kept`` is un
 The bookie comes back with a short grace period (gc_overreplicated_ledger_wait_time_ms):
 ``moved``'s entry logs leave the disk and the bookie no longer has the ledger, while
 every entry of ``partly`` and ``kept`` still reads back byte for byte.
+
+``locked`` is moved like ``moved``, but a replicator holds its replication lock: the bookie
+keeps it until the lock is released, then drops it, and leaves no lock of its own behind.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from helpers.wait import wait_until
 
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.uri import open_store
+from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire.status import Status
 
 from .test_gc_process import GC_SETTINGS, create_ledgers, ledger_count, log_bytes, metric, read_all, write
@@ -42,18 +46,23 @@ def test_a_returning_bookie_frees_a_moved_ledger_and_keeps_the_named_ones(
     bk = bookies(settings={**GC_SETTINGS, "gc_overreplicated_ledger_wait_time_ms": 1000})
     bk.start()
     uri = bookies.metadata_uri  # type: ignore[attr-defined]
-    moved, partly, kept = create_ledgers(uri, bk.bookie_id, 3)
-    next_eid = dict.fromkeys((moved, partly, kept), 0)
-    write(bk, [(moved, 400), (partly, 300), (kept, 100)], next_eid)
+    moved, partly, kept, locked = create_ledgers(uri, bk.bookie_id, 4)
+    next_eid = dict.fromkeys((moved, partly, kept, locked), 0)
+    write(bk, [(moved, 400), (partly, 300), (kept, 100), (locked, 50)], next_eid)
     assert bk.stop() == 0
     full = log_bytes(bk)
     assert full > 3 * 1024 * 1024
     rewrite(uri, moved, ((0, (OTHER,)),), next_eid[moved] - 1)
     rewrite(uri, partly, ((0, (bk.bookie_id,)), (200, (OTHER,))), next_eid[partly] - 1)
     rewrite(uri, kept, ((0, (bk.bookie_id,)),), next_eid[kept] - 1)
+    rewrite(uri, locked, ((0, (OTHER,)),), next_eid[locked] - 1)
+    store = open_store(uri)
+    replicator = UnderReplicationRegistry(store, "replicator-elsewhere")
+    lease = store.grant_lease(60)
+    assert replicator.try_lock(locked, lease)
 
     bk.start()
-    wait_until(lambda: ledger_count(bk) == 2, timeout_s=30, message="the GC to drop the over-replicated ledger")
+    wait_until(lambda: ledger_count(bk) == 3, timeout_s=30, message="the GC to drop the over-replicated ledger")
     moved_bytes = next_eid[moved] * 4096
     # The whole logs that hold only ``moved`` go (1 MiB of its 1.6 MB); the log it shares with
     # ``partly`` stays until compaction finds it sparse enough.
@@ -65,5 +74,12 @@ def test_a_returning_bookie_frees_a_moved_ledger_and_keeps_the_named_ones(
     # Still named in a fragment (even one of two) or in every fragment: every entry stays.
     read_all(bk, partly, next_eid[partly])
     read_all(bk, kept, next_eid[kept])
+    read_all(bk, locked, next_eid[locked])  # its lock is held elsewhere: kept, scan after scan
+    assert replicator.unlock(locked)
+    wait_until(lambda: ledger_count(bk) == 2, timeout_s=30, message="the GC to drop the unlocked ledger")
+    assert metric(bk, "zbk_gc_overreplicated_ledgers_total") == 2
+    assert replicator.held_locks() == {}, "the GC left a replication lock behind"
+    store.revoke_lease(lease)
+    store.close()
     assert "over-replicated" in bk.log.read_text()
     assert bk.stop() == 0

@@ -372,6 +372,8 @@ class GcCore:
         self._send("server", LocalLedgersRequest(run.ctx))
 
     def _end_run(self, now: float) -> None:
+        if self.overrep is not None:
+            self.overrep.release()
         self.run = None
         self.runs_completed += 1
         self.next_run_at = now + self.s.gc_wait_s
@@ -391,6 +393,10 @@ class GcCore:
         if run is None:
             return
         if run.phase is Phase.LOCAL_AFTER:
+            # The Server handled this request after the run's DeleteLedgers (one FIFO pipe):
+            # the over-replicated copies are gone, their replication locks can go too.
+            if self.overrep is not None:
+                self.overrep.release()
             self._plan(run, set(msg.ledger_ids), now)
             return
         try:

@@ -24,7 +24,13 @@ A copy is kept (never deleted):
     * when reading metadata fails: the scan ends and deletes nothing.
 
 Every candidate is read from metadata once more right before the deletion is sent, as the
-GC re-reads a ledger missing from the listing before deleting it.
+GC re-reads a ledger missing from the listing before deleting it, and that last read is made
+holding the ledger's replication lock (the lock replicators take before they write a
+fragment). The GC keeps the lock until the Server has dropped the ledger
+(:meth:`OverrepTracker.release`, once the Server answers the GC's next request, which it
+handles after the DeleteLedgers). So no replicator can pick this bookie as the target of a
+new copy between that read and the deletion, and see the copy it wrote deleted after it
+named the bookie in metadata. A ledger whose lock another process holds is kept.
 
 :class:`OverrepTracker` holds the decisions and the clock state; the metadata reads come
 from an injected :class:`OverrepSource` (zbk/bookie/overrepsource.py in a bookie).
@@ -63,6 +69,13 @@ class OverrepSource(Protocol):
     def audit_pending(self) -> bool:
         """True while a cookie fix of this bookie waits for the auditor's full check."""
 
+    def lock(self, ledger_id: int) -> bool:
+        """Take the ledger's replication lock; False when another holds it (or it cannot be
+        taken now)."""
+
+    def unlock(self, ledger_id: int) -> None:
+        """Release a lock taken by :meth:`lock`."""
+
 
 def verdict(view: LedgerView, absent_since: float | None, now: float, grace_s: float) -> str:
     """DELETE, or why the copy is kept. ``absent_since``: when this ledger was first seen not
@@ -95,6 +108,7 @@ class OverrepTracker:
         self.source = source
         self.absent_since: dict[int, float] = {}  # ledger -> first seen not naming this bookie
         self.next_scan_at: float | None = None
+        self.held: set[int] = set()  # replication locks held for a deletion not yet done
 
     def due(self, now: float, *, forced: bool) -> bool:
         """A scan is due ``scan_interval_s`` after the previous one (the first one at once),
@@ -114,12 +128,38 @@ class OverrepTracker:
         candidates = [lid for lid in sorted(local) if self._observe(lid, self.source.view(lid), now) == DELETE]
         if not candidates or self.source.audit_pending():
             return set()
-        # Read once more right before the deletion: a scan of many ledgers takes a while.
-        doomed = {lid for lid in candidates if self._observe(lid, self.source.view(lid), now) == DELETE}
+        # Read once more right before the deletion, under the ledger's replication lock: a
+        # scan of many ledgers takes a while, and a replicator may be about to copy here.
+        doomed: set[int] = set()
+        try:
+            for lid in candidates:
+                if not self.source.lock(lid):
+                    continue
+                self.held.add(lid)
+                if self._observe(lid, self.source.view(lid), now) == DELETE:
+                    doomed.add(lid)
+                else:
+                    self._unlock(lid)
+        except Exception:
+            self.release()
+            raise
         if doomed:
             log.info("gc: deleting %d over-replicated ledger(s) (no fragment names this bookie for %.0f s "
                      "or more): %s", len(doomed), self.grace_s, sorted(doomed))
         return doomed
+
+    def release(self) -> None:
+        """Release every lock the last scan took: the Server has dropped those ledgers (or
+        the run ended without deleting them)."""
+        for lid in sorted(self.held):
+            self._unlock(lid)
+
+    def _unlock(self, lid: int) -> None:
+        self.held.discard(lid)
+        try:
+            self.source.unlock(lid)
+        except Exception as e:  # noqa: BLE001 - the lock dies with the bookie's lease anyway
+            log.warning("gc: releasing the replication lock of ledger %d failed: %s", lid, e)
 
     def _observe(self, lid: int, view: LedgerView | None, now: float) -> str:
         if view is None:  # deleted meanwhile: the deleted-ledger GC takes it next run

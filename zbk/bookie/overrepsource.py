@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from zbk.actors.overrep import LedgerView
-from zbk.errors import MetadataVersionError, NoSuchLedgerError
+from zbk.errors import LeaseExpiredError, MetadataVersionError, NoSuchLedgerError
 from zbk.metadata import layout
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.store import MetadataStore
@@ -38,13 +39,19 @@ def record_cookie_fix(store: MetadataStore, bookie_id: str) -> None:
 
 
 class BookieOverrepSource:
-    """:class:`zbk.actors.overrep.OverrepSource` over the metadata store."""
+    """:class:`zbk.actors.overrep.OverrepSource` over the metadata store.
 
-    def __init__(self, store: MetadataStore, bookie_id: str) -> None:
+    Its replication locks are taken under the owner ``gc@<bookie>`` and bound to ``lease()``,
+    the bookie's registration lease (None while it has none): a replicator in the same
+    process locks under another owner, and a bookie that dies holding a lock loses it with
+    its lease."""
+
+    def __init__(self, store: MetadataStore, bookie_id: str, lease: Callable[[], int | None]) -> None:
         self.store = store
         self.bookie_id = bookie_id
+        self.lease = lease
         self.ledgers = LedgerStore(store)
-        self.registry = UnderReplicationRegistry(store, bookie_id)
+        self.registry = UnderReplicationRegistry(store, f"gc@{bookie_id}")
 
     def view(self, ledger_id: int) -> LedgerView | None:
         try:
@@ -52,9 +59,23 @@ class BookieOverrepSource:
         except NoSuchLedgerError:
             return None
         names_self = any(self.bookie_id in bookies for _, bookies in md.fragments)
-        replicating = (self.registry.lock_holder(ledger_id) is not None
-                       or self.registry.get(ledger_id) is not None)
+        holder = self.registry.lock_holder(ledger_id)
+        locked_by_other = holder is not None and not self.registry.locks.holds(
+            layout.underreplicated_lock_key(ledger_id))
+        replicating = locked_by_other or self.registry.get(ledger_id) is not None
         return LedgerView(closed=md.is_closed, names_self=names_self, replicating=replicating)
+
+    def lock(self, ledger_id: int) -> bool:
+        lease = self.lease()
+        if lease is None:
+            return False
+        try:
+            return self.registry.try_lock(ledger_id, lease)
+        except LeaseExpiredError:
+            return False
+
+    def unlock(self, ledger_id: int) -> None:
+        self.registry.unlock(ledger_id)
 
     def audit_pending(self) -> bool:
         kv = self.store.get(layout.cookie_fix_key(self.bookie_id))

@@ -154,7 +154,7 @@ class Bookie(BookieAdmin):
         # Logs below the first one this process writes may hold copies of a compaction that a
         # crash cut short (zbk/actors/gc.py, "suspects").
         overrep = OverrepTracker(cfg.gc.overreplicated_ledger_wait_time_ms / 1000.0,
-                                 BookieOverrepSource(self.store, cfg.bookie_id))
+                                 BookieOverrepSource(self.store, cfg.bookie_id, lease=self._lease_id))
         return GcCore(GcSettings.from_config(cfg.gc), outbox=outbox, list_ledger_ids=lambda: set(ledgers.list_ids()),
                       ledger_exists=ledgers.exists, state=GcStateFile(cfg.ledger_dirs[0]),
                       suspect_below=self.logs.least_unflushed_log_id(), compaction_allowed=compaction_allowed,

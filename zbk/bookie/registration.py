@@ -55,6 +55,12 @@ class BookieRegistrar(BookieBoot):
                     self.lease.stop(revoke=False)
                     self.lease = None
 
+    def _lease_id(self) -> int | None:
+        """The registration's lease while it is alive (read from the GC's thread: the
+        attribute is replaced whole, never mutated)."""
+        keeper = self.lease
+        return None if keeper is None or keeper.lost else keeper.lease
+
     def _on_lease_lost(self) -> None:
         """The registration lease was lost (metadata outage): register again on a new lease."""
         if self.stop_event.is_set():
