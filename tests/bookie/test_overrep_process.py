@@ -15,14 +15,17 @@ keeps it until the lock is released, then drops it, and leaves no lock of its ow
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from helpers.bookie import BookieProcess
 from helpers.wait import wait_until
 
+from zbk.metadata import layout
 from zbk.metadata.registry import LedgerStore
 from zbk.metadata.uri import open_store
 from zbk.recovery.underreplication import UnderReplicationRegistry
+from zbk.storage.cookie import COOKIE_FILE
 from zbk.wire.status import Status
 
 from .test_gc_process import GC_SETTINGS, create_ledgers, ledger_count, log_bytes, metric, read_all, write
@@ -82,4 +85,42 @@ def test_a_returning_bookie_frees_a_moved_ledger_and_keeps_the_named_ones(
     store.revoke_lease(lease)
     store.close()
     assert "over-replicated" in bk.log.read_text()
+    assert bk.stop() == 0
+
+
+def test_after_a_cookie_fix_surplus_copies_wait_for_the_auditors_full_check(
+        bookies: Callable[..., BookieProcess]) -> None:
+    """The journal disk of a bookie is replaced (its cookie file is gone) and the bookie comes
+    back with ``auto_fix_cookie``: it fixes its cookie and records the fix. Until a full
+    check of the auditor has started after that fix, metadata is not trusted to say what the
+    bookie may drop, so a moved ledger stays; once ``auditor/last_check_started`` is later
+    than the fix, it goes."""
+    bk = bookies(settings={**GC_SETTINGS, "gc_overreplicated_ledger_wait_time_ms": 500, "auto_fix_cookie": True})
+    bk.start()
+    uri = bookies.metadata_uri  # type: ignore[attr-defined]
+    moved, kept = create_ledgers(uri, bk.bookie_id, 2)
+    next_eid = dict.fromkeys((moved, kept), 0)
+    write(bk, [(moved, 100), (kept, 100)], next_eid)
+    assert bk.stop() == 0
+    rewrite(uri, moved, ((0, (OTHER,)),), next_eid[moved] - 1)
+    rewrite(uri, kept, ((0, (bk.bookie_id,)),), next_eid[kept] - 1)
+    (bk.data_dir / "journal" / COOKIE_FILE).unlink()
+
+    bk.start()
+    store = open_store(uri)
+    try:
+        fixed = store.get(layout.cookie_fix_key(bk.bookie_id))
+        assert fixed is not None, "the boot did not record its cookie fix"
+        wait_until(lambda: "awaits the auditor's full check" in bk.log.read_text(), timeout_s=30,
+                   message="an over-replication scan while the fix awaits its audit")
+        time.sleep(2.0)  # four scan intervals past the grace period
+        assert ledger_count(bk) == 2, "a surplus copy was dropped before the auditor checked"
+        read_all(bk, moved, next_eid[moved])
+        after_fix_ms = int(fixed.value.decode()) + 1
+        store.put(layout.AUDITOR_LAST_CHECK_STARTED, str(after_fix_ms).encode())
+        wait_until(lambda: ledger_count(bk) == 1, timeout_s=30, message="the GC to drop the moved ledger")
+        assert store.get(layout.cookie_fix_key(bk.bookie_id)) is None, "the fix marker outlived its audit"
+        read_all(bk, kept, next_eid[kept])
+    finally:
+        store.close()
     assert bk.stop() == 0
