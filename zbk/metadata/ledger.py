@@ -164,6 +164,16 @@ class LedgerMetadata:
         return dataclasses.replace(self, fragments=tuple(frags)).validate()
 
     # -- encoding -------------------------------------------------------------------------
+    def as_json(self, version: int) -> dict[str, Any]:
+        """The metadata as users are shown it (shell, HTTP): no password, no creator token;
+        custom values as text where they are UTF-8, else as hex."""
+        return {"ledger_id": self.ledger_id, "state": self.state, "ensemble_size": self.ensemble_size,
+                "write_quorum": self.write_quorum, "ack_quorum": self.ack_quorum, "digest": self.digest,
+                "last_entry_id": self.last_entry_id, "length": self.length,
+                "ensembles": {str(k): v for k, v in self.ensembles.items()},
+                "custom_metadata": {k: _text_or_hex(v) for k, v in self.custom_metadata.items()},
+                "ctime_ms": self.ctime_ms, "version": version}
+
     def encode(self) -> bytes:
         self.validate()
         return cbor2.dumps({
@@ -203,6 +213,13 @@ class LedgerMetadata:
         if ledger_id is not None and md.ledger_id != ledger_id:
             raise CorruptMetadataError(f"{name}: metadata names ledger {md.ledger_id}")
         return md
+
+
+def _text_or_hex(b: bytes) -> str:
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        return b.hex()
 
 
 def _int(v: Any) -> int:

@@ -160,21 +160,18 @@ class ClusterApi:
         return {str(lid): shown for lid in chosen if (shown := self._shown(lid)) is not None}
 
     def _shown(self, lid: int) -> dict[str, Any] | None:
-        from zbk.cli.shell.ledgermeta import shown
         from zbk.errors import NoSuchLedgerError
 
         try:
             md, version = self.ledgers.read(lid)
         except NoSuchLedgerError:
             return None  # deleted since it was listed
-        return shown(md, version)
+        return md.as_json(version)
 
     def _metadata(self, _body: dict[str, Any] | None, query: Query) -> dict[str, Any]:
-        from zbk.cli.shell.ledgermeta import shown
-
         lid = param_int(query, "ledger_id", maximum=limits.ledger_id_max)
         md, version = self.ledgers.read(lid)  # NoSuchLedgerError: 404
-        return {str(lid): shown(md, version)}
+        return {str(lid): md.as_json(version)}
 
     def _read(self, _body: dict[str, Any] | None, query: Query) -> dict[str, Any]:
         """Entries ``start_entry_id`` (0) .. ``end_entry_id`` (the last add confirmed) of a

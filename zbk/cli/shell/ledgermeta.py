@@ -37,7 +37,7 @@ import os
 import tempfile
 from typing import Any
 
-from zbk.cli.shell.common import command, jsonable, ledger_id, open_metadata, out
+from zbk.cli.shell.common import command, ledger_id, open_metadata, out
 from zbk.errors import BadRequestError, MetadataVersionError, OperationRefusedError
 
 FILE_FORMAT = 1
@@ -77,17 +77,7 @@ def _ledgermetadata(args: argparse.Namespace) -> None:
         out(args, {"ledger_id": md.ledger_id, "dumped_to": args.dump, "version": version},
             lambda d: f"ledger {d['ledger_id']} (version {d['version']}) dumped to {d['dumped_to']}")
         return
-    out(args, shown(md, version))
-
-
-def shown(md: Any, version: int) -> dict[str, Any]:
-    """What `ledgermetadata LID` prints (no password, no creator token)."""
-    return {"ledger_id": md.ledger_id, "state": md.state, "ensemble_size": md.ensemble_size,
-            "write_quorum": md.write_quorum, "ack_quorum": md.ack_quorum, "digest": md.digest,
-            "last_entry_id": md.last_entry_id, "length": md.length,
-            "ensembles": {str(k): v for k, v in md.ensembles.items()},
-            "custom_metadata": {k: jsonable(v) for k, v in md.custom_metadata.items()},
-            "ctime_ms": md.ctime_ms, "version": version}
+    out(args, md.as_json(version))
 
 
 def document(md: Any, version: int) -> dict[str, Any]:
