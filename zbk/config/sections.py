@@ -43,20 +43,28 @@ class JournalConfig(Section):
         "max_size_mb": "journal_max_size_mb", "pre_alloc_size_mb": "journal_pre_alloc_size_mb",
         "reuse_files": "journal_reuse_files"}
 
-    # false: entry data is not journalled (BP-46); an unclean stop loses unflushed entries,
-    # which recovery then treats as unknown, never as absent.
     write_data: bool = True
+    """False: entry data is not journalled (BP-46); an unclean shutdown loses the unflushed
+    entries, which recovery then treats as unknown, never as absent."""
     sync_data: bool = True
+    """False: an add is acknowledged before its journal record is fsynced; after an unclean
+    stop the bookie runs phase one, as with ``write_data`` off."""
     max_group_wait_ms: float = float(limits.journal_group_wait_ms_default)
+    """How long a group commit waits for more records before its fsync: the latency of a lone
+    add against entries per fsync under load."""
     buffered_writes_threshold_bytes: int = limits.journal_group_bytes_default
+    """A group commit is written at once when this many bytes wait."""
     max_size_mb: int = limits.journal_segment_bytes_default // MIB
-    # Zeros kept written ahead of the journal's records, so that a small commit's fsync does
-    # not also commit the file's growth (zbk/storage/journal.py, "Preallocation"); 0: off.
+    """The size of a journal segment; a checkpoint retires the segments before its mark."""
     pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // MIB
-    # Make new journal segments from retired ones instead of new files, so their pages are
-    # already in the page cache (zbk/storage/journal.py, "Recycling"); BookKeeper's
-    # journalReuseFiles.
+    """Zeros kept written ahead of the journal's records, so that a small commit's fsync
+    flushes data only and not also the file's growth (zbk/storage/journal.py,
+    "Preallocation"); 0: off."""
     reuse_files: bool = True
+    """Retired segments (up to 1 GiB, 2-16 files) are kept as ``<id>.jnl.free`` and reused for
+    new segments, whose pages are then already in the page cache (only segments the running
+    bookie wrote are kept; those of a previous run are removed); BookKeeper's
+    ``journalReuseFiles``. False: retired segments are removed (docs/storage.md)."""
 
     @property
     def group_wait_s(self) -> float:
@@ -90,19 +98,25 @@ class EntryLogConfig(Section):
         "expire_after_access_s": "entry_log_expire_after_access_s"}
 
     size_limit_mb: int = limits.entry_log_bytes_default // MIB
-    # Entries are held in process memory up to this size before they are written to the
-    # file: a kill -9 loses them (with the journal off, BP-46's data loss).
+    """An entry log is rotated at this size."""
     write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
-    # Start writing each this many bytes of an entry log to disk (asynchronously), so that a
-    # checkpoint's fsync finds little left to write; 0: leave it to the kernel and the checkpoint.
+    """Entries are held in process memory up to this size before they are written to the
+    file; a kill -9 loses them (with the journal off, that is BP-46's data loss)."""
     flush_bytes: int = limits.entry_log_flush_bytes_default
-    # Of the data the entry logger wrote, the last this many MiB stay in the page cache;
-    # older pages are dropped once on disk (zbk/storage/entrylog.py, "Page cache"); 0: the
-    # kernel decides.
+    """Writeback of an entry log starts every this many bytes (asynchronously, no wait), so
+    that a checkpoint's fsync finds little left to write and does not stall the journals
+    behind it; 0: left to the kernel and the checkpoint."""
     keep_cached_mb: int = limits.entry_log_keep_cached_bytes_default // MIB
-    per_ledger: bool = False  # one log per ledger (BP-32)
-    open_max: int = limits.entry_logs_open_max  # per-ledger logs kept open
+    """Of the data the entry logger wrote, the newest this many MiB stay in the page cache;
+    older pages are dropped once on disk, so that writing does not keep taking new memory
+    (reads of older entries then come from disk; zbk/storage/entrylog.py, "Page cache");
+    0: the kernel decides."""
+    per_ledger: bool = False
+    """One entry log per ledger (BP-32): deleting ledgers is cheap."""
+    open_max: int = limits.entry_logs_open_max
+    """With ``per_ledger``, the logs kept open at once (least recently used rotated first)."""
     expire_after_access_s: float = float(limits.entry_log_expire_after_access_s)
+    """With ``per_ledger``, a log idle this long is rotated."""
 
     @property
     def size_limit_bytes(self) -> int:
@@ -132,15 +146,23 @@ class IndexConfig(Section):
         "flush_interval_ms": "flush_interval_ms", "cache_bytes_max": "ledger_cache_bytes_max",
         "flush_syncfs": "index_flush_syncfs", "files_open_max": "index_files_open_max"}
 
-    flush_interval_ms: int = 10_000  # how often a checkpoint runs
+    flush_interval_ms: int = 10_000
+    """How often a checkpoint runs, and so how much journal a restart replays."""
     cache_bytes_max: int = limits.ledger_cache_bytes_max_default
-    # Make an index checkpoint durable with one syncfs per file system of the index
-    # directories rather than an fsync per index file written (zbk/storage/ledgercache.py,
-    # "Syncing a flush"; only where syncfs reports writeback errors, Linux >= 5.8).
+    """Index pages kept in memory (dirty pages are never dropped)."""
     flush_syncfs: bool = True
-    # Index files kept open (least recently used closed first); the bookie takes fewer when
-    # its descriptor limit (RLIMIT_NOFILE, raised to the hard limit at start) leaves less.
+    """A checkpoint makes its index writes durable with one ``syncfs`` per file system of the
+    index directories instead of an fsync per index file (10,000 dirty ledgers: 0.2 s
+    instead of 1.2 s; zbk/storage/ledgercache.py, "Syncing a flush"), used only where
+    syncfs reports writeback errors (Linux >= 5.8). Set false when the index directories
+    share a file system with other programs' heavy writes, which a syncfs would wait for.
+    The boot log says which way is in use."""
     files_open_max: int = limits.index_files_open_max_default
+    """Index files kept open (one per ledger written lately; least recently used closed
+    first), so that a checkpoint does not open them again. The bookie raises its open-files
+    limit (``RLIMIT_NOFILE``) to the hard limit at start and keeps 1,024 descriptors (plus
+    ``entry_log.open_max``) for everything else; under a lower limit it takes fewer and logs
+    a warning."""
 
     @property
     def flush_interval_s(self) -> float:
@@ -168,14 +190,25 @@ class GcConfig(Section):
         "overreplicated_ledger_wait_time_ms": "gc_overreplicated_ledger_wait_time_ms"}
 
     wait_time_ms: int = 60_000
+    """How often garbage collection looks for deleted ledgers."""
     minor_compaction_threshold: float = 0.2
+    """Minor compaction rewrites the entry logs whose live share is below this."""
     minor_compaction_interval_s: float = 3600.0
+    """How often minor compaction runs."""
     major_compaction_threshold: float = 0.8
+    """Major compaction rewrites the entry logs whose live share is below this (at least
+    ``minor_compaction_threshold``)."""
     major_compaction_interval_s: float = 86_400.0
-    compaction_rate_bytes: int = 64 * MIB  # per second
-    # BookKeeper's gcOverreplicatedLedgerWaitTime: a local copy that no fragment names is
-    # dropped no sooner than this after the bookie was last seen named (zbk/actors/overrep.py).
+    """How often major compaction runs."""
+    compaction_rate_bytes: int = 64 * MIB
+    """How fast compaction copies, per second, and so what I/O it costs."""
     overreplicated_ledger_wait_time_ms: int = 86_400_000
+    """A bookie drops its copy of a closed ledger that no fragment names (re-replication
+    moved it while the bookie was away) no sooner than this after it last saw itself named,
+    never while the ledger is locked or marked for replication, and never after a cookie fix
+    until the auditor's next full check has run (BookKeeper's
+    ``gcOverreplicatedLedgerWaitTime``; zbk/actors/overrep.py); the scan runs every half of
+    this, at most hourly."""
 
     def validate(self) -> GcConfig:
         positive(self.key("wait_time_ms"), self.wait_time_ms)
@@ -200,10 +233,17 @@ class DiskConfig(Section):
         "usage_threshold": "disk_usage_threshold", "usage_warn_threshold": "disk_usage_warn_threshold",
         "check_interval_ms": "disk_check_interval_ms", "read_only_mode_enabled": "read_only_mode_enabled"}
 
-    usage_threshold: float = 0.95  # read-only (with read_only_mode_enabled) above it
+    usage_threshold: float = 0.95
+    """At this share of a disk used the bookie turns read-only (with
+    ``read_only_mode_enabled``) and compaction waits."""
     usage_warn_threshold: float = 0.90
+    """At this share of a disk used the bookie warns; below it a read-only bookie turns
+    writable again."""
     check_interval_ms: int = 10_000
+    """How often the disks' usage is read."""
     read_only_mode_enabled: bool = True
+    """False: a full disk fails adds with an I/O error instead of turning the bookie
+    read-only."""
 
     @property
     def check_interval_s(self) -> float:
@@ -233,15 +273,26 @@ class RecoveryConfig(Section):
         "replicator_workers": "replicator_workers", "replication_rate_bytes": "replication_rate_bytes"}
 
     enabled: bool = False
+    """Run an auditor candidate and replicator workers in the bookie process (a bookie's key
+    only: ``zbk autorecovery`` always runs them and refuses it)."""
     lost_bookie_recovery_delay_s: float = 0.0
+    """The cluster's recovery delay, written only if the cluster has none yet: it lives in
+    the metadata and changes at runtime (docs/autorecovery.md)."""
     open_ledger_rereplication_grace_period_s: float = 30.0
+    """How long an open ledger's writer may replace a lost bookie itself before a replicator
+    fences and recovers the ledger."""
     auditor_periodic_check_interval_s: float = 604_800.0
-    # Of each replica's entries between the first and the last of a fragment, the share the
-    # periodic check reads back (BookKeeper's auditorLedgerVerificationPercentage): 0 reads
-    # the two ends only; damage between them is then found only by the clients' reads.
+    """How often the auditor checks every ledger's replicas."""
     auditor_ledger_verification_percent: float = 0.0
+    """Of each replica's entries between the first and the last of a fragment, the share the
+    periodic check reads back (BookKeeper's ``auditorLedgerVerificationPercentage``): 0 reads
+    the two ends only, and damage between them is then found only by the clients' reads;
+    100 reads every entry."""
     replicator_workers: int = 1
-    replication_rate_bytes: int = 64 * MIB  # per second
+    """Ledgers this process re-replicates at once."""
+    replication_rate_bytes: int = 64 * MIB
+    """What this process's workers write to replacements, per second, all workers
+    together."""
 
     def validate(self) -> RecoveryConfig:
         non_negative(self.key("lost_bookie_recovery_delay_s"), self.lost_bookie_recovery_delay_s)
@@ -263,13 +314,17 @@ class CurveConfig(Section):
         "secret_key_file": "curve_secret_key_file", "authorized_keys_dir": "curve_authorized_keys_dir",
         "server_public_key_file": "curve_server_public_key_file", "server_keys_dir": "curve_server_keys_dir"}
 
-    secret_key_file: str = ""  # this bookie's key pair (zbk keygen); enables CURVE
-    authorized_keys_dir: str = ""  # the public keys of the clients it accepts
-    # How this bookie's own client connections (autorecovery.enabled) reach other CURVE
-    # bookies: their public key(s). Unset: this bookie's own public key (bookies sharing one
-    # key pair). The bookie's own public key must be in the other bookies' authorized dirs.
+    secret_key_file: str = ""
+    """This bookie's key pair (``zbk keygen``); set, the wire port requires CURVE."""
+    authorized_keys_dir: str = ""
+    """The public keys of the clients admitted (goes with ``secret_key_file``)."""
     server_public_key_file: str = ""
+    """For this bookie's own client connections to other CURVE bookies (with
+    ``autorecovery.enabled``): their public key. Empty: this bookie's own public key
+    (bookies sharing one key pair). This bookie's public key must then be in the other
+    bookies' ``authorized_keys_dir``."""
     server_keys_dir: str = ""
+    """As ``server_public_key_file``, one ``<host>_<port>.key`` per bookie."""
 
     def validate(self) -> CurveConfig:
         if bool(self.secret_key_file) != bool(self.authorized_keys_dir):
@@ -289,8 +344,11 @@ class HttpConfig(Section):
         "port": "http_port", "bind_address": "http_bind_address", "admin_token": "admin_token"}
 
     port: int = 8000
+    """The port of ``/metrics`` and the admin API (``--http-port``)."""
     bind_address: str = "127.0.0.1"
-    admin_token: str = ""  # set: PUT/POST need "Authorization: Bearer <token>"
+    """The address the HTTP port binds; beyond loopback, PUT and POST need ``admin_token``."""
+    admin_token: str = ""
+    """Set: PUT and POST need ``Authorization: Bearer <token>``."""
 
     def validate(self) -> HttpConfig:
         tcp_port(self.key("port"), self.port)
