@@ -27,63 +27,72 @@ from zbk.osthread import allowed_cpus, can_pin, parse_cpu_list
 
 @dataclass(frozen=True, kw_only=True)
 class BookieConfig:
-    """Every key of API.md "Bookie configuration": identity, addresses, directories and
-    process-wide keys here; the rest in the section of the component it configures."""
+    """Every key of API.md "Bookie configuration": identity, addresses, directories and process-wide
+    keys here; the rest in the section of the component it configures.
+
+    Attributes:
+        bookie_id: The id clients and the metadata know this bookie by (``host:port``); empty:
+            ``<bind_address>:<port>``. Never change it: the cookie records it.
+        bind_address: The address the wire port binds.
+        port: The wire protocol's port (``--port``).
+        metadata_uri: Required: ``sqlite:///path/meta.db`` or
+            ``etcd://host:port[,host:port...]/scope`` (``--metadata``).
+        data_dir: The directory under which ``journal/``, ``ledgers/`` and ``index/`` go, for the
+            ``*_dirs`` not given (``--data-dir``).
+        journal_dirs: The journals' directories, at most 16 (empty: ``<data_dir>/journal``): one
+            journal and thread each, ledger ``l``'s records in journal ``l % len(journal_dirs)``.
+            Directories can be appended later, never removed or reordered (docs/operations.md, "Several
+            journals"); each belongs on a disk of its own, since every add waits for its journal's
+            fsync.
+        ledger_dirs: The entry logs' directories (empty: ``<data_dir>/ledgers``).
+        index_dirs: The index files' directories (empty: ``<data_dir>/index``).
+        rack: The bookie's rack: placement spreads each write set over racks.
+        zone: The zone (availability zone, data centre) its rack lies in: placement spreads each
+            write set over zones where it can.
+        isolation_group: The one isolation group the bookie belongs to ("": none): clients whose
+            ``isolation_groups`` name it may use it, and no other client with ``isolation_groups`` does.
+        auto_fix_cookie: On a cookie mismatch, write the cookie again and run phase one instead of
+            refusing to start (exit code 4).
+        registration_ttl_s: The lease of the bookie's registration: how long after a crash it still
+            looks registered.
+        max_frame_bytes: The largest wire frame accepted, 1024 bytes to 256 MiB.
+        actor_cpus: The CPUs the actor threads (journal, entry logger, index, GC, Server) are
+            confined to, as ``taskset -c`` takes them (``"3"``, ``"0-1"``); empty: wherever the kernel
+            schedules them. One CPU saves the cross-CPU hand-overs of the GIL between them
+            (docs/operations.md, "CPU affinity"), at the risk of sharing it with a busy neighbour.
+        start_read_only: Start read-only (``zbk bookie --readonly``), as an operator's ``PUT
+            /api/v1/bookie/state {"state": "readonly"}`` would: the state is kept on disk and lasts,
+            across restarts too, until an operator switches the bookie back to writable
+            (zbk/storage/operatorstate.py).
+        journal: The ``[journal]`` table (JournalConfig).
+        entry_log: The ``[entry_log]`` table (EntryLogConfig).
+        index: The ``[index]`` table (IndexConfig).
+        gc: The ``[gc]`` table (GcConfig).
+        disk: The ``[disk]`` table (DiskConfig).
+        autorecovery: The ``[autorecovery]`` table (RecoveryConfig).
+        curve: The ``[curve]`` table (CurveConfig).
+        http: The ``[http]`` table (HttpConfig).
+    """
 
     bookie_id: str = ""
-    """The id clients and the metadata know this bookie by (``host:port``); empty:
-    ``<bind_address>:<port>``. Never change it: the cookie records it."""
     bind_address: str = "127.0.0.1"
-    """The address the wire port binds."""
     port: int = 3181
-    """The wire protocol's port (``--port``)."""
     metadata_uri: str = ""
-    """Required: ``sqlite:///path/meta.db`` or ``etcd://host:port[,host:port...]/scope``
-    (``--metadata``)."""
     data_dir: str = ""
-    """The directory under which ``journal/``, ``ledgers/`` and ``index/`` go, for the
-    ``*_dirs`` not given (``--data-dir``)."""
     # The directories are the bookie's identity as much as its id: the cookie records them.
     journal_dirs: tuple[str, ...] = ()
-    """The journals' directories, at most 16 (empty: ``<data_dir>/journal``): one journal
-    and thread each, ledger ``l``'s records in journal ``l % len(journal_dirs)``.
-    Directories can be appended later, never removed or reordered (docs/operations.md,
-    "Several journals"); each belongs on a disk of its own, since every add waits for its
-    journal's fsync."""
     ledger_dirs: tuple[str, ...] = ()
-    """The entry logs' directories (empty: ``<data_dir>/ledgers``)."""
     index_dirs: tuple[str, ...] = ()
-    """The index files' directories (empty: ``<data_dir>/index``)."""
     # Where the bookie stands, for placement (zbk/client/placement.py): a rack lies in one
     # zone, and a bookie belongs to at most one isolation group.
     rack: str = ""
-    """The bookie's rack: placement spreads each write set over racks."""
     zone: str = ""
-    """The zone (availability zone, data centre) its rack lies in: placement spreads each
-    write set over zones where it can."""
     isolation_group: str = ""
-    """The one isolation group the bookie belongs to ("": none): clients whose
-    ``isolation_groups`` name it may use it, and no other client with ``isolation_groups``
-    does."""
     auto_fix_cookie: bool = False
-    """On a cookie mismatch, write the cookie again and run phase one instead of refusing to
-    start (exit code 4)."""
     registration_ttl_s: int = limits.metadata_lease_ttl_s_default
-    """The lease of the bookie's registration: how long after a crash it still looks
-    registered."""
     max_frame_bytes: int = limits.frame_bytes_max_default
-    """The largest wire frame accepted, 1024 bytes to 256 MiB."""
     actor_cpus: str = ""
-    """The CPUs the actor threads (journal, entry logger, index, GC, Server) are confined
-    to, as ``taskset -c`` takes them (``"3"``, ``"0-1"``); empty: wherever the kernel
-    schedules them. One CPU saves the cross-CPU hand-overs of the GIL between them
-    (docs/operations.md, "CPU affinity"), at the risk of sharing it with a busy
-    neighbour."""
     start_read_only: bool = False
-    """Start read-only (``zbk bookie --readonly``), as an operator's
-    ``PUT /api/v1/bookie/state {"state": "readonly"}`` would: the state is kept on disk and
-    lasts, across restarts too, until an operator switches the bookie back to writable
-    (zbk/storage/operatorstate.py)."""
 
     journal: JournalConfig = field(default_factory=JournalConfig)
     entry_log: EntryLogConfig = field(default_factory=EntryLogConfig)

@@ -1,12 +1,12 @@
 """The configuration reference, generated from the config dataclasses themselves.
 
-A key's meaning is the docstring written under its field (an attribute docstring, as
-mkdocstrings shows it in the API reference too); its type and default are the field's own;
-its unit follows from its name (units come last in names, zbk/limits.py), or from
-``UNIT_NAMES`` for the few names that carry none. The docs site renders this module's
-``render()`` at build time (scripts/mkdocs_hooks.py), and tests/docs/test_config_reference.py
-fails when a field has no docstring or a number has no unit, so the reference cannot drift
-from the code. ``python -m zbk.config.reference`` prints it.
+A key's meaning is its entry in the ``Attributes:`` section of its class's docstring (Google
+style, as mkdocstrings shows it in the API reference too); its type and default are the
+field's own; its unit follows from its name (units come last in names, zbk/limits.py), or
+from ``UNIT_NAMES`` for the few names that carry none. The docs site renders ``render()`` at
+build time (scripts/mkdocs_hooks.py), and tests/docs/test_config_reference.py fails when a
+field has no entry or a number has no unit, so the reference cannot drift from the code.
+``python -m zbk.config.reference`` prints it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_mb", "MiB"),
     ("_s", "s"),
 )
+# "    name: text" or "    name (type): text", one indent into the section.
+_ENTRY = re.compile(r"^ {4}(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?: \([^)]*\))?:(?P<text>.*)$")
 TYPE_NAMES: dict[Any, str] = {bool: "bool", int: "int", float: "float", str: "string",
                               tuple[str, ...]: "list of strings"}
 
@@ -67,27 +70,46 @@ class Key:
     doc: str
 
 
-def _class_node(cls: type) -> ast.ClassDef:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    return next(node for node in tree.body if isinstance(node, ast.ClassDef))
-
-
 def class_doc(cls: type) -> str:
     """``cls``'s own docstring, as written ("" for none: @dataclass makes one up from the
-    signature, which is not documentation)."""
-    return ast.get_docstring(_class_node(cls)) or ""
+    signature, which is not documentation). Read from the source, since ``cls.__doc__`` of a
+    class without one is that made-up text."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    node = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    return ast.get_docstring(node) or ""
+
+
+def _split(doc: str) -> tuple[str, list[str]]:
+    """``doc``'s text before its ``Attributes:`` section, and that section's lines."""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if line.rstrip() == "Attributes:":
+            section: list[str] = []
+            for item in lines[i + 1:]:
+                if item.strip() and not item.startswith(" "):
+                    break  # the next section, at the docstring's own indent
+                section.append(item)
+            return "\n".join(lines[:i]).strip(), section
+    return doc.strip(), []
+
+
+def summary(cls: type) -> str:
+    """``cls``'s docstring without its ``Attributes:`` section, on one line."""
+    return " ".join(_split(class_doc(cls))[0].split())
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of ``cls``'s fields (the string literal under a field), by
-    field name. Read from the source: Python keeps no attribute docstrings at runtime."""
-    body = _class_node(cls).body
+    """The entries of the ``Attributes:`` section of ``cls``'s docstring, by field name, each
+    on one line."""
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    name = ""
+    for line in _split(class_doc(cls))[1]:
+        m = _ENTRY.match(line)
+        if m:
+            name = m["name"]
+            docs[name] = m["text"].strip()
+        elif name and line.strip():
+            docs[name] += " " + line.strip()
     return docs
 
 
@@ -150,19 +172,22 @@ def keys(cls: type) -> tuple[Key, ...]:
         for f in dataclasses.fields(cls) if not is_section(f))
 
 
-def undocumented() -> list[str]:
-    """``Class.field`` of every key without a docstring, and of every number without a unit;
-    ``Class`` of every config class without a docstring."""
-    missing: list[str] = []
-    for cls in config_classes():
-        if not class_doc(cls):
-            missing.append(f"{cls.__name__}: no class docstring")
-        for key in keys(cls):
-            if not key.doc:
-                missing.append(f"{cls.__name__}.{key.name}: no docstring")
-            if key.type in ("int", "float") and not key.unit:
-                missing.append(f"{cls.__name__}.{key.name}: a number without a unit (UNIT_NAMES)")
+def problems(cls: type) -> list[str]:
+    """What the reference would lack for ``cls``: ``Class`` when it has no docstring of its
+    own, ``Class.field`` for a key its docstring's ``Attributes:`` does not describe and for
+    a number without a unit."""
+    missing = [] if class_doc(cls) else [f"{cls.__name__}: no class docstring"]
+    for key in keys(cls):
+        if not key.doc:
+            missing.append(f"{cls.__name__}.{key.name}: not in the class docstring's Attributes")
+        if key.type in ("int", "float") and not key.unit:
+            missing.append(f"{cls.__name__}.{key.name}: a number without a unit (UNIT_NAMES)")
     return missing
+
+
+def undocumented() -> list[str]:
+    """The problems of every config class (``problems``)."""
+    return [p for cls in config_classes() for p in problems(cls)]
 
 
 def _cell(text: str) -> str:
@@ -182,10 +207,6 @@ def _table(cls: type, with_flat: bool, skip: frozenset[str] = frozenset()) -> li
     return lines
 
 
-def _doc(cls: type) -> str:
-    return " ".join(class_doc(cls).split())
-
-
 def render() -> str:
     """The configuration reference page, in Markdown."""
     out = [
@@ -203,7 +224,7 @@ def render() -> str:
         "",
         "## Bookie { #bookie }",
         "",
-        _doc(BookieConfig),
+        summary(BookieConfig),
         "",
         "### Top level { #bookie-top-level }",
         "",
@@ -213,18 +234,18 @@ def render() -> str:
         if not is_section(f):
             continue
         section: Any = f.default_factory
-        out += ["", f"### `[{section.TABLE}]` {{ #{section.TABLE} }}", "", _doc(section), "",
+        out += ["", f"### `[{section.TABLE}]` {{ #{section.TABLE} }}", "", summary(section), "",
                 *_table(section, with_flat=True)]
     taken = frozenset(k.split(".", 1)[1] for k in AutoRecoveryConfig.KEYS_NOT_TAKEN)
     out += [
-        "", "## Auto-recovery process { #autorecovery-process }", "", _doc(AutoRecoveryConfig), "",
+        "", "## Auto-recovery process { #autorecovery-process }", "", summary(AutoRecoveryConfig), "",
         "### Top level { #autorecovery-top-level }", "",
         *_table(AutoRecoveryConfig, with_flat=False),
         "", f"### `[{RecoveryConfig.TABLE}]` {{ #autorecovery-process-section }}", "",
         f"The bookie's [`[{RecoveryConfig.TABLE}]`](#{RecoveryConfig.TABLE}) section, but for "
         + ", ".join(f"`{k}`" for k in sorted(taken)) + ", which `zbk autorecovery` refuses:", "",
         *_table(RecoveryConfig, with_flat=True, skip=taken),
-        "", "## Client { #clientconfig }", "", _doc(ClientConfig), "",
+        "", "## Client { #clientconfig }", "", summary(ClientConfig), "",
         "Each field is also a keyword of `zbk.BookKeeper(uri, ...)` and `zbk.AsyncBookKeeper(uri, ...)`; "
         "an unknown keyword is a `ConfigError` naming the nearest field.", "",
         *_table(ClientConfig, with_flat=False),

@@ -33,7 +33,27 @@ class Section:
 
 @dataclass(frozen=True, kw_only=True)
 class JournalConfig(Section):
-    """[journal]: the write-ahead journal (zbk/storage/journal.py, zbk/actors/journal.py)."""
+    """[journal]: the write-ahead journal (zbk/storage/journal.py, zbk/actors/journal.py).
+
+    Attributes:
+        write_data: False: entry data is not journalled (BP-46); an unclean shutdown loses the
+            unflushed entries, which recovery then treats as unknown, never as absent.
+        sync_data: False: an add is acknowledged before its journal record is fsynced; after an
+            unclean stop the bookie runs phase one, as with ``write_data`` off.
+        max_group_wait_ms: How long a group commit waits for more records before its fsync: the
+            latency of a lone add against entries per fsync under load.
+        buffered_writes_threshold_bytes: A group commit is written at once when this many bytes
+            wait.
+        max_size_mb: The size of a journal segment; a checkpoint retires the segments before its
+            mark.
+        pre_alloc_size_mb: Zeros kept written ahead of the journal's records, so that a small
+            commit's fsync flushes data only and not also the file's growth (zbk/storage/journal.py,
+            "Preallocation"); 0: off.
+        reuse_files: Retired segments (up to 1 GiB, 2-16 files) are kept as ``<id>.jnl.free`` and
+            reused for new segments, whose pages are then already in the page cache (only segments the
+            running bookie wrote are kept; those of a previous run are removed); BookKeeper's
+            ``journalReuseFiles``. False: retired segments are removed (docs/storage.md).
+    """
 
     TABLE: ClassVar[str] = "journal"
     FLAT: ClassVar[dict[str, str]] = {
@@ -44,27 +64,12 @@ class JournalConfig(Section):
         "reuse_files": "journal_reuse_files"}
 
     write_data: bool = True
-    """False: entry data is not journalled (BP-46); an unclean shutdown loses the unflushed
-    entries, which recovery then treats as unknown, never as absent."""
     sync_data: bool = True
-    """False: an add is acknowledged before its journal record is fsynced; after an unclean
-    stop the bookie runs phase one, as with ``write_data`` off."""
     max_group_wait_ms: float = float(limits.journal_group_wait_ms_default)
-    """How long a group commit waits for more records before its fsync: the latency of a lone
-    add against entries per fsync under load."""
     buffered_writes_threshold_bytes: int = limits.journal_group_bytes_default
-    """A group commit is written at once when this many bytes wait."""
     max_size_mb: int = limits.journal_segment_bytes_default // MIB
-    """The size of a journal segment; a checkpoint retires the segments before its mark."""
     pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // MIB
-    """Zeros kept written ahead of the journal's records, so that a small commit's fsync
-    flushes data only and not also the file's growth (zbk/storage/journal.py,
-    "Preallocation"); 0: off."""
     reuse_files: bool = True
-    """Retired segments (up to 1 GiB, 2-16 files) are kept as ``<id>.jnl.free`` and reused for
-    new segments, whose pages are then already in the page cache (only segments the running
-    bookie wrote are kept; those of a previous run are removed); BookKeeper's
-    ``journalReuseFiles``. False: retired segments are removed (docs/storage.md)."""
 
     @property
     def group_wait_s(self) -> float:
@@ -88,7 +93,24 @@ class JournalConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryLogConfig(Section):
-    """[entry_log]: the entry logs that hold entry data (zbk/storage/entrylog.py)."""
+    """[entry_log]: the entry logs that hold entry data (zbk/storage/entrylog.py).
+
+    Attributes:
+        size_limit_mb: An entry log is rotated at this size.
+        write_buffer_bytes: Entries are held in process memory up to this size before they are
+            written to the file; a kill -9 loses them (with the journal off, that is BP-46's data loss).
+        flush_bytes: Writeback of an entry log starts every this many bytes (asynchronously, no
+            wait), so that a checkpoint's fsync finds little left to write and does not stall the
+            journals behind it; 0: left to the kernel and the checkpoint.
+        keep_cached_mb: Of the data the entry logger wrote, the newest this many MiB stay in the
+            page cache; older pages are dropped once on disk, so that writing does not keep taking new
+            memory (reads of older entries then come from disk; zbk/storage/entrylog.py, "Page cache");
+            0: the kernel decides.
+        per_ledger: One entry log per ledger (BP-32): deleting ledgers is cheap.
+        open_max: With ``per_ledger``, the logs kept open at once (least recently used rotated
+            first).
+        expire_after_access_s: With ``per_ledger``, a log idle this long is rotated.
+    """
 
     TABLE: ClassVar[str] = "entry_log"
     FLAT: ClassVar[dict[str, str]] = {
@@ -98,25 +120,12 @@ class EntryLogConfig(Section):
         "expire_after_access_s": "entry_log_expire_after_access_s"}
 
     size_limit_mb: int = limits.entry_log_bytes_default // MIB
-    """An entry log is rotated at this size."""
     write_buffer_bytes: int = limits.entry_log_write_buffer_bytes_default
-    """Entries are held in process memory up to this size before they are written to the
-    file; a kill -9 loses them (with the journal off, that is BP-46's data loss)."""
     flush_bytes: int = limits.entry_log_flush_bytes_default
-    """Writeback of an entry log starts every this many bytes (asynchronously, no wait), so
-    that a checkpoint's fsync finds little left to write and does not stall the journals
-    behind it; 0: left to the kernel and the checkpoint."""
     keep_cached_mb: int = limits.entry_log_keep_cached_bytes_default // MIB
-    """Of the data the entry logger wrote, the newest this many MiB stay in the page cache;
-    older pages are dropped once on disk, so that writing does not keep taking new memory
-    (reads of older entries then come from disk; zbk/storage/entrylog.py, "Page cache");
-    0: the kernel decides."""
     per_ledger: bool = False
-    """One entry log per ledger (BP-32): deleting ledgers is cheap."""
     open_max: int = limits.entry_logs_open_max
-    """With ``per_ledger``, the logs kept open at once (least recently used rotated first)."""
     expire_after_access_s: float = float(limits.entry_log_expire_after_access_s)
-    """With ``per_ledger``, a log idle this long is rotated."""
 
     @property
     def size_limit_bytes(self) -> int:
@@ -139,7 +148,23 @@ class EntryLogConfig(Section):
 @dataclass(frozen=True, kw_only=True)
 class IndexConfig(Section):
     """[index]: the ledger index and its checkpoints (zbk/storage/ledgercache.py,
-    zbk/actors/indexsyncer.py)."""
+    zbk/actors/indexsyncer.py).
+
+    Attributes:
+        flush_interval_ms: How often a checkpoint runs, and so how much journal a restart replays.
+        cache_bytes_max: Index pages kept in memory (dirty pages are never dropped).
+        flush_syncfs: A checkpoint makes its index writes durable with one ``syncfs`` per file
+            system of the index directories instead of an fsync per index file (10,000 dirty ledgers:
+            0.2 s instead of 1.2 s; zbk/storage/ledgercache.py, "Syncing a flush"), used only where
+            syncfs reports writeback errors (Linux >= 5.8). Set false when the index directories share a
+            file system with other programs' heavy writes, which a syncfs would wait for. The boot log
+            says which way is in use.
+        files_open_max: Index files kept open (one per ledger written lately; least recently used
+            closed first), so that a checkpoint does not open them again. The bookie raises its open-
+            files limit (``RLIMIT_NOFILE``) to the hard limit at start and keeps 1,024 descriptors (plus
+            ``entry_log.open_max``) for everything else; under a lower limit it takes fewer and logs a
+            warning.
+    """
 
     TABLE: ClassVar[str] = "index"
     FLAT: ClassVar[dict[str, str]] = {
@@ -147,22 +172,9 @@ class IndexConfig(Section):
         "flush_syncfs": "index_flush_syncfs", "files_open_max": "index_files_open_max"}
 
     flush_interval_ms: int = 10_000
-    """How often a checkpoint runs, and so how much journal a restart replays."""
     cache_bytes_max: int = limits.ledger_cache_bytes_max_default
-    """Index pages kept in memory (dirty pages are never dropped)."""
     flush_syncfs: bool = True
-    """A checkpoint makes its index writes durable with one ``syncfs`` per file system of the
-    index directories instead of an fsync per index file (10,000 dirty ledgers: 0.2 s
-    instead of 1.2 s; zbk/storage/ledgercache.py, "Syncing a flush"), used only where
-    syncfs reports writeback errors (Linux >= 5.8). Set false when the index directories
-    share a file system with other programs' heavy writes, which a syncfs would wait for.
-    The boot log says which way is in use."""
     files_open_max: int = limits.index_files_open_max_default
-    """Index files kept open (one per ledger written lately; least recently used closed
-    first), so that a checkpoint does not open them again. The bookie raises its open-files
-    limit (``RLIMIT_NOFILE``) to the hard limit at start and keeps 1,024 descriptors (plus
-    ``entry_log.open_max``) for everything else; under a lower limit it takes fewer and logs
-    a warning."""
 
     @property
     def flush_interval_s(self) -> float:
@@ -177,7 +189,24 @@ class IndexConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class GcConfig(Section):
-    """[gc]: garbage collection and compaction of entry logs (zbk/actors/gc.py)."""
+    """[gc]: garbage collection and compaction of entry logs (zbk/actors/gc.py).
+
+    Attributes:
+        wait_time_ms: How often garbage collection looks for deleted ledgers.
+        minor_compaction_threshold: Minor compaction rewrites the entry logs whose live share is
+            below this.
+        minor_compaction_interval_s: How often minor compaction runs.
+        major_compaction_threshold: Major compaction rewrites the entry logs whose live share is
+            below this (at least ``minor_compaction_threshold``).
+        major_compaction_interval_s: How often major compaction runs.
+        compaction_rate_bytes: How fast compaction copies, per second, and so what I/O it costs.
+        overreplicated_ledger_wait_time_ms: A bookie drops its copy of a closed ledger that no
+            fragment names (re-replication moved it while the bookie was away) no sooner than this after
+            it last saw itself named, never while the ledger is locked or marked for replication, and
+            never after a cookie fix until the auditor's next full check has run (BookKeeper's
+            ``gcOverreplicatedLedgerWaitTime``; zbk/actors/overrep.py); the scan runs every half of
+            this, at most hourly.
+    """
 
     TABLE: ClassVar[str] = "gc"
     FLAT: ClassVar[dict[str, str]] = {
@@ -190,25 +219,12 @@ class GcConfig(Section):
         "overreplicated_ledger_wait_time_ms": "gc_overreplicated_ledger_wait_time_ms"}
 
     wait_time_ms: int = 60_000
-    """How often garbage collection looks for deleted ledgers."""
     minor_compaction_threshold: float = 0.2
-    """Minor compaction rewrites the entry logs whose live share is below this."""
     minor_compaction_interval_s: float = 3600.0
-    """How often minor compaction runs."""
     major_compaction_threshold: float = 0.8
-    """Major compaction rewrites the entry logs whose live share is below this (at least
-    ``minor_compaction_threshold``)."""
     major_compaction_interval_s: float = 86_400.0
-    """How often major compaction runs."""
     compaction_rate_bytes: int = 64 * MIB
-    """How fast compaction copies, per second, and so what I/O it costs."""
     overreplicated_ledger_wait_time_ms: int = 86_400_000
-    """A bookie drops its copy of a closed ledger that no fragment names (re-replication
-    moved it while the bookie was away) no sooner than this after it last saw itself named,
-    never while the ledger is locked or marked for replication, and never after a cookie fix
-    until the auditor's next full check has run (BookKeeper's
-    ``gcOverreplicatedLedgerWaitTime``; zbk/actors/overrep.py); the scan runs every half of
-    this, at most hourly."""
 
     def validate(self) -> GcConfig:
         positive(self.key("wait_time_ms"), self.wait_time_ms)
@@ -226,7 +242,17 @@ class GcConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class DiskConfig(Section):
-    """[disk]: the disk checker and read-only mode (zbk/actors/loops.py)."""
+    """[disk]: the disk checker and read-only mode (zbk/actors/loops.py).
+
+    Attributes:
+        usage_threshold: At this share of a disk used the bookie turns read-only (with
+            ``read_only_mode_enabled``) and compaction waits.
+        usage_warn_threshold: At this share of a disk used the bookie warns; below it a read-only
+            bookie turns writable again.
+        check_interval_ms: How often the disks' usage is read.
+        read_only_mode_enabled: False: a full disk fails adds with an I/O error instead of turning
+            the bookie read-only.
+    """
 
     TABLE: ClassVar[str] = "disk"
     FLAT: ClassVar[dict[str, str]] = {
@@ -234,16 +260,9 @@ class DiskConfig(Section):
         "check_interval_ms": "disk_check_interval_ms", "read_only_mode_enabled": "read_only_mode_enabled"}
 
     usage_threshold: float = 0.95
-    """At this share of a disk used the bookie turns read-only (with
-    ``read_only_mode_enabled``) and compaction waits."""
     usage_warn_threshold: float = 0.90
-    """At this share of a disk used the bookie warns; below it a read-only bookie turns
-    writable again."""
     check_interval_ms: int = 10_000
-    """How often the disks' usage is read."""
     read_only_mode_enabled: bool = True
-    """False: a full disk fails adds with an I/O error instead of turning the bookie
-    read-only."""
 
     @property
     def check_interval_s(self) -> float:
@@ -260,9 +279,26 @@ class DiskConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class RecoveryConfig(Section):
-    """[autorecovery]: the auditor candidate and replicator workers, in a bookie that runs
-    them (``enabled``) and in ``zbk autorecovery`` (AutoRecoveryConfig), which always does
-    and so takes no ``enabled`` key (zbk/recovery/process.py)."""
+    """[autorecovery]: the auditor candidate and replicator workers, in a bookie that runs them
+    (``enabled``) and in ``zbk autorecovery`` (AutoRecoveryConfig), which always does and so takes
+    no ``enabled`` key (zbk/recovery/process.py).
+
+    Attributes:
+        enabled: Run an auditor candidate and replicator workers in the bookie process (a bookie's
+            key only: ``zbk autorecovery`` always runs them and refuses it).
+        lost_bookie_recovery_delay_s: The cluster's recovery delay, written only if the cluster has
+            none yet: it lives in the metadata and changes at runtime (docs/autorecovery.md).
+        open_ledger_rereplication_grace_period_s: How long an open ledger's writer may replace a
+            lost bookie itself before a replicator fences and recovers the ledger.
+        auditor_periodic_check_interval_s: How often the auditor checks every ledger's replicas.
+        auditor_ledger_verification_percent: Of each replica's entries between the first and the
+            last of a fragment, the share the periodic check reads back (BookKeeper's
+            ``auditorLedgerVerificationPercentage``): 0 reads the two ends only, and damage between them
+            is then found only by the clients' reads; 100 reads every entry.
+        replicator_workers: Ledgers this process re-replicates at once.
+        replication_rate_bytes: What this process's workers write to replacements, per second, all
+            workers together.
+    """
 
     TABLE: ClassVar[str] = "autorecovery"
     FLAT: ClassVar[dict[str, str]] = {
@@ -273,26 +309,12 @@ class RecoveryConfig(Section):
         "replicator_workers": "replicator_workers", "replication_rate_bytes": "replication_rate_bytes"}
 
     enabled: bool = False
-    """Run an auditor candidate and replicator workers in the bookie process (a bookie's key
-    only: ``zbk autorecovery`` always runs them and refuses it)."""
     lost_bookie_recovery_delay_s: float = 0.0
-    """The cluster's recovery delay, written only if the cluster has none yet: it lives in
-    the metadata and changes at runtime (docs/autorecovery.md)."""
     open_ledger_rereplication_grace_period_s: float = 30.0
-    """How long an open ledger's writer may replace a lost bookie itself before a replicator
-    fences and recovers the ledger."""
     auditor_periodic_check_interval_s: float = 604_800.0
-    """How often the auditor checks every ledger's replicas."""
     auditor_ledger_verification_percent: float = 0.0
-    """Of each replica's entries between the first and the last of a fragment, the share the
-    periodic check reads back (BookKeeper's ``auditorLedgerVerificationPercentage``): 0 reads
-    the two ends only, and damage between them is then found only by the clients' reads;
-    100 reads every entry."""
     replicator_workers: int = 1
-    """Ledgers this process re-replicates at once."""
     replication_rate_bytes: int = 64 * MIB
-    """What this process's workers write to replacements, per second, all workers
-    together."""
 
     def validate(self) -> RecoveryConfig:
         non_negative(self.key("lost_bookie_recovery_delay_s"), self.lost_bookie_recovery_delay_s)
@@ -307,7 +329,18 @@ class RecoveryConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class CurveConfig(Section):
-    """[curve]: ZeroMQ CURVE encryption and client authentication (zbk/wire/curve.py)."""
+    """[curve]: ZeroMQ CURVE encryption and client authentication (zbk/wire/curve.py).
+
+    Attributes:
+        secret_key_file: This bookie's key pair (``zbk keygen``); set, the wire port requires CURVE.
+        authorized_keys_dir: The public keys of the clients admitted (goes with
+            ``secret_key_file``).
+        server_public_key_file: For this bookie's own client connections to other CURVE bookies
+            (with ``autorecovery.enabled``): their public key. Empty: this bookie's own public key
+            (bookies sharing one key pair). This bookie's public key must then be in the other bookies'
+            ``authorized_keys_dir``.
+        server_keys_dir: As ``server_public_key_file``, one ``<host>_<port>.key`` per bookie.
+    """
 
     TABLE: ClassVar[str] = "curve"
     FLAT: ClassVar[dict[str, str]] = {
@@ -315,16 +348,9 @@ class CurveConfig(Section):
         "server_public_key_file": "curve_server_public_key_file", "server_keys_dir": "curve_server_keys_dir"}
 
     secret_key_file: str = ""
-    """This bookie's key pair (``zbk keygen``); set, the wire port requires CURVE."""
     authorized_keys_dir: str = ""
-    """The public keys of the clients admitted (goes with ``secret_key_file``)."""
     server_public_key_file: str = ""
-    """For this bookie's own client connections to other CURVE bookies (with
-    ``autorecovery.enabled``): their public key. Empty: this bookie's own public key
-    (bookies sharing one key pair). This bookie's public key must then be in the other
-    bookies' ``authorized_keys_dir``."""
     server_keys_dir: str = ""
-    """As ``server_public_key_file``, one ``<host>_<port>.key`` per bookie."""
 
     def validate(self) -> CurveConfig:
         if bool(self.secret_key_file) != bool(self.authorized_keys_dir):
@@ -337,18 +363,22 @@ class CurveConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class HttpConfig(Section):
-    """[http]: the bookie's HTTP server (/metrics and the admin API, zbk/metrics/http.py)."""
+    """[http]: the bookie's HTTP server (/metrics and the admin API, zbk/metrics/http.py).
+
+    Attributes:
+        port: The port of ``/metrics`` and the admin API (``--http-port``).
+        bind_address: The address the HTTP port binds; beyond loopback, PUT and POST need
+            ``admin_token``.
+        admin_token: Set: PUT and POST need ``Authorization: Bearer <token>``.
+    """
 
     TABLE: ClassVar[str] = "http"
     FLAT: ClassVar[dict[str, str]] = {
         "port": "http_port", "bind_address": "http_bind_address", "admin_token": "admin_token"}
 
     port: int = 8000
-    """The port of ``/metrics`` and the admin API (``--http-port``)."""
     bind_address: str = "127.0.0.1"
-    """The address the HTTP port binds; beyond loopback, PUT and POST need ``admin_token``."""
     admin_token: str = ""
-    """Set: PUT and POST need ``Authorization: Bearer <token>``."""
 
     def validate(self) -> HttpConfig:
         tcp_port(self.key("port"), self.port)
