@@ -54,12 +54,27 @@ class AutoRecoveryConfig:
     autorecovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
     def client_config(self) -> ClientConfig:
-        """The client settings the auditor's checks and the replicators use."""
+        """The client settings the auditor's checks and the replicators use.
+
+        Returns:
+            A ClientConfig with this process's CURVE keys, validated.
+
+        Raises:
+            ConfigError: The CURVE keys do not go together.
+        """
         return ClientConfig(curve_secret_key_file=self.curve_secret_key_file,
                             curve_server_public_key_file=self.curve_server_public_key_file,
                             curve_server_keys_dir=self.curve_server_keys_dir).validate()
 
     def validate(self) -> AutoRecoveryConfig:
+        """Check every key and the ``[autorecovery]`` section.
+
+        Returns:
+            This config, unchanged.
+
+        Raises:
+            ConfigError: A value out of range or a missing ``metadata_uri``.
+        """
         if not self.metadata_uri:
             raise ConfigError("metadata_uri must be set")
         tcp_port("http_port", self.http_port)

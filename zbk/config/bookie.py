@@ -104,7 +104,12 @@ class BookieConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def resolved(self) -> BookieConfig:
-        """Fill the defaults that derive from other keys (bookie id, directories)."""
+        """Fill the defaults that derive from other keys (bookie id, directories).
+
+        Returns:
+            A copy with ``bookie_id`` and the ``*_dirs`` filled in where they were empty
+            (this config itself when nothing was).
+        """
         changes: dict[str, Any] = {}
         if not self.bookie_id:
             changes["bookie_id"] = f"{self.bind_address}:{self.port}"
@@ -115,6 +120,16 @@ class BookieConfig:
         return dataclasses.replace(self, **changes) if changes else self
 
     def validate(self) -> BookieConfig:
+        """Check every key and every section, and the keys together.
+
+        Returns:
+            The config with its derived defaults filled in (``resolved()``).
+
+        Raises:
+            ConfigError: A value out of range, a missing ``metadata_uri`` or directory, a
+                journal directory named twice, or ``actor_cpus`` naming a CPU this process
+                may not run on.
+        """
         cfg = self.resolved()
         if not cfg.journal_dirs or not cfg.ledger_dirs or not cfg.index_dirs:
             raise ConfigError("data_dir (or journal_dirs, ledger_dirs and index_dirs) must be set")
@@ -141,8 +156,15 @@ class BookieConfig:
         return cfg
 
     def actor_cpu_set(self) -> frozenset[int]:
-        """``actor_cpus`` as a set (empty: not confined); ConfigError when it is not a CPU list
-        or names a CPU this process may not run on."""
+        """``actor_cpus`` as a set of CPU numbers.
+
+        Returns:
+            The CPUs the actor threads are confined to; empty: not confined.
+
+        Raises:
+            ConfigError: ``actor_cpus`` is not a CPU list, or names a CPU this process may
+                not run on, or this platform cannot confine threads.
+        """
         try:
             cpus = parse_cpu_list(self.actor_cpus)
         except ValueError as e:
@@ -156,9 +178,19 @@ class BookieConfig:
         return cpus
 
     def autorecovery_config(self, http_port: int) -> AutoRecoveryConfig:
-        """``autorecovery.enabled``: the settings of the auditor candidate and replicators
-        this bookie runs, its HTTP routes on ``http_port``. With CURVE they connect to the
-        other bookies with this bookie's key pair."""
+        """The settings of the auditor candidate and replicators this bookie runs with
+        ``autorecovery.enabled``. With CURVE they connect to the other bookies with this
+        bookie's key pair.
+
+        Args:
+            http_port: The port of the bookie's HTTP server, which serves their routes.
+
+        Returns:
+            The auto-recovery settings, validated.
+
+        Raises:
+            ConfigError: The resulting settings are not valid.
+        """
         curve = self.curve
         server_key = curve.server_public_key_file
         if curve.secret_key_file and not server_key and not curve.server_keys_dir:

@@ -73,17 +73,28 @@ class JournalConfig(Section):
 
     @property
     def group_wait_s(self) -> float:
+        """``max_group_wait_ms`` in seconds."""
         return self.max_group_wait_ms / 1000.0
 
     @property
     def segment_bytes(self) -> int:
+        """``max_size_mb`` in bytes."""
         return self.max_size_mb * MIB
 
     @property
     def preallocate_bytes(self) -> int:
+        """``pre_alloc_size_mb`` in bytes."""
         return self.pre_alloc_size_mb * MIB
 
     def validate(self) -> JournalConfig:
+        """Check every key.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, naming the key both ways it can be written.
+        """
         non_negative(self.key("max_group_wait_ms"), self.max_group_wait_ms)
         positive(self.key("buffered_writes_threshold_bytes"), self.buffered_writes_threshold_bytes)
         positive(self.key("max_size_mb"), self.max_size_mb)
@@ -129,13 +140,23 @@ class EntryLogConfig(Section):
 
     @property
     def size_limit_bytes(self) -> int:
+        """``size_limit_mb`` in bytes."""
         return self.size_limit_mb * MIB
 
     @property
     def keep_cached_bytes(self) -> int:
+        """``keep_cached_mb`` in bytes."""
         return self.keep_cached_mb * MIB
 
     def validate(self) -> EntryLogConfig:
+        """Check every key.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, naming the key both ways it can be written.
+        """
         positive(self.key("size_limit_mb"), self.size_limit_mb)
         non_negative(self.key("write_buffer_bytes"), self.write_buffer_bytes)
         non_negative(self.key("flush_bytes"), self.flush_bytes)
@@ -178,9 +199,18 @@ class IndexConfig(Section):
 
     @property
     def flush_interval_s(self) -> float:
+        """``flush_interval_ms`` in seconds."""
         return self.flush_interval_ms / 1000.0
 
     def validate(self) -> IndexConfig:
+        """Check every key.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, naming the key both ways it can be written.
+        """
         positive(self.key("flush_interval_ms"), self.flush_interval_ms)
         positive(self.key("cache_bytes_max"), self.cache_bytes_max)
         positive(self.key("files_open_max"), self.files_open_max)
@@ -227,6 +257,14 @@ class GcConfig(Section):
     overreplicated_ledger_wait_time_ms: int = 86_400_000
 
     def validate(self) -> GcConfig:
+        """Check every key and that the minor threshold does not exceed the major one.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, or a minor threshold above the major one, naming the key both ways it can be written.
+        """
         positive(self.key("wait_time_ms"), self.wait_time_ms)
         ratio(self.key("minor_compaction_threshold"), self.minor_compaction_threshold)
         ratio(self.key("major_compaction_threshold"), self.major_compaction_threshold)
@@ -266,9 +304,18 @@ class DiskConfig(Section):
 
     @property
     def check_interval_s(self) -> float:
+        """``check_interval_ms`` in seconds."""
         return self.check_interval_ms / 1000.0
 
     def validate(self) -> DiskConfig:
+        """Check every key and that the warning threshold does not exceed the read-only one.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, or a warning threshold above the read-only one, naming the key both ways it can be written.
+        """
         ratio(self.key("usage_threshold"), self.usage_threshold)
         ratio(self.key("usage_warn_threshold"), self.usage_warn_threshold)
         if self.usage_warn_threshold > self.usage_threshold:
@@ -317,6 +364,14 @@ class RecoveryConfig(Section):
     replication_rate_bytes: int = 64 * MIB
 
     def validate(self) -> RecoveryConfig:
+        """Check every key.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, naming the key both ways it can be written.
+        """
         non_negative(self.key("lost_bookie_recovery_delay_s"), self.lost_bookie_recovery_delay_s)
         non_negative(self.key("open_ledger_rereplication_grace_period_s"),
                      self.open_ledger_rereplication_grace_period_s)
@@ -353,6 +408,14 @@ class CurveConfig(Section):
     server_keys_dir: str = ""
 
     def validate(self) -> CurveConfig:
+        """Check every key and that the CURVE keys go together.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, or keys that do not go together, naming the key both ways it can be written.
+        """
         if bool(self.secret_key_file) != bool(self.authorized_keys_dir):
             raise ConfigError(f"{self.key('secret_key_file')} and {self.key('authorized_keys_dir')} go together")
         if (self.server_public_key_file or self.server_keys_dir) and not self.secret_key_file:
@@ -381,5 +444,13 @@ class HttpConfig(Section):
     admin_token: str = ""
 
     def validate(self) -> HttpConfig:
+        """Check every key.
+
+        Returns:
+            This section, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, naming the key both ways it can be written.
+        """
         tcp_port(self.key("port"), self.port)
         return self
