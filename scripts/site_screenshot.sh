@@ -17,8 +17,13 @@ chromium=${CHROMIUM:-/usr/bin/chromium}
 work=$(mktemp -d)
 server=""
 cleanup() {
-  [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
+  local rc=$?
+  if [ -n "$server" ]; then
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true  # its SIGTERM status is not this script's
+  fi
   rm -rf "$work"
+  exit $rc
 }
 trap cleanup EXIT
 

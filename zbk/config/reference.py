@@ -217,7 +217,7 @@ def render() -> str:
         "generated from the config dataclasses in `zbk/config/` when the site is built.",
         "",
         "A bookie or auto-recovery process reads its keys from `--config FILE` (TOML) and "
-        "`--set key=value`, later sources winning (docs/operations.md, \"Configure\"). A key in "
+        "`--set key=value`, later sources winning ([Operations, \"Configure\"](../operations.md#configure)). A key in "
         "a table can be written `table.key` (`--set journal.sync_data=false`), as `key` inside "
         "the table of a file, or by its flat name (`--set journal_sync_data=false`), at the top "
         "level of a file too. Sizes in MiB are 1024 x 1024 bytes.",
