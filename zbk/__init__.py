@@ -12,33 +12,9 @@ not pull in ZeroMQ or asyncio machinery.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zbk import errors
-
-if TYPE_CHECKING:
-    from zbk.client import (
-        AsyncBookKeeper,
-        BookKeeper,
-        LedgerEntry,
-        LedgerHandle,
-        ReadHandle,
-        SyncLedgerHandle,
-        SyncReadHandle,
-    )
-    from zbk.config import (
-        AutoRecoveryConfig,
-        BookieConfig,
-        ClientConfig,
-        CurveConfig,
-        DiskConfig,
-        EntryLogConfig,
-        GcConfig,
-        HttpConfig,
-        IndexConfig,
-        JournalConfig,
-        RecoveryConfig,
-    )
 
 __version__ = "0.1.0"
 
