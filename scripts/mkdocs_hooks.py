@@ -11,6 +11,7 @@ A failure here stops the build: a page that names a missing picture or key is a 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,23 +24,24 @@ from mkdocs.structure.files import File, Files
 CONFIG_REFERENCE = "reference/configuration.md"
 DIAGRAMS = "diagrams"
 DOT_TIMEOUT_S = 60.0
+RENDER_TIMEOUT_S = 60.0
 
 
 def _repo(config: Any) -> Path:
     return Path(config.config_file_path).resolve().parent
 
 
-def on_config(config: Any) -> Any:
-    # The zbk of this checkout, not one installed elsewhere (an editable install of another
-    # worktree, say): the reference must describe the code beside it. mkdocstrings reads
-    # the same tree (its ``paths: [.]``).
-    repo = str(_repo(config))
-    if sys.path[:1] != [repo]:
-        sys.path.insert(0, repo)
-    loaded = sys.modules.get("zbk")
-    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(repo):
-        raise PluginError(f"zbk was imported from {loaded.__file__} before the hooks ran, not from {repo}")
-    return config
+def render_config_reference(repo: Path) -> str:
+    """The configuration reference of the zbk in ``repo``, rendered by a fresh interpreter:
+    under ``mkdocs serve`` an edited config class shows at the next rebuild (modules
+    imported into this process would stay as first loaded), and no zbk installed elsewhere
+    (an editable install of another checkout, say) can stand in for this one."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)}
+    res = subprocess.run([sys.executable, "-m", "zbk.config.reference"], cwd=repo, env=env, capture_output=True,
+                         text=True, timeout=RENDER_TIMEOUT_S)
+    if res.returncode != 0:
+        raise PluginError(f"python -m zbk.config.reference (exit {res.returncode}): {res.stderr.strip()}")
+    return res.stdout
 
 
 def render_dot(source: Path) -> str:
@@ -56,9 +58,7 @@ def render_dot(source: Path) -> str:
 
 
 def on_files(files: Files, config: Any) -> Files:
-    from zbk.config.reference import render
-
-    files.append(File.generated(config, CONFIG_REFERENCE, content=render()))
+    files.append(File.generated(config, CONFIG_REFERENCE, content=render_config_reference(_repo(config))))
     docs = Path(config.docs_dir)
     for source in sorted((docs / DIAGRAMS).glob("*.dot")):
         files.append(File.generated(config, f"{DIAGRAMS}/{source.stem}.svg", content=render_dot(source)))

@@ -5,7 +5,6 @@ cd "$(dirname "$0")/.."
 # The whole suite includes the Spark data source tests (the spark extra and Java) and the
 # strict build of the docs site (the docs extra and Graphviz; tests/docs/test_site.py).
 export ZBK_EXTRAS=${ZBK_EXTRAS:-dev,spark,docs}
-export NO_MKDOCS_2_WARNING=1
 bash scripts/setup.sh
 # Local Spark binds the driver to loopback, never to a public interface.
 export SPARK_LOCAL_IP=127.0.0.1
