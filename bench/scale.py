@@ -112,7 +112,7 @@ async def _multi(a: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(first(h) for h in handles))
         touch_s = time.perf_counter() - t0
         pids = [int(x) for x in a.pids.split(",")] if a.pids else []
-        if a.gc_freeze:  # docs/client.md, "Many open ledgers": what an application can do
+        if a.gc_freeze:  # docs/contributors.md, "Many open ledgers": what an application can do
             gc.collect()
             gc.freeze()
 
@@ -712,7 +712,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="bookie config override")
     ap.add_argument("--levels", default="client,raw", help="ledgers: which levels to run (client,raw)")
     ap.add_argument("--gc-freeze", action="store_true",
-                    help="ledgers (a): gc.freeze() in the client once its ledgers are open (docs/client.md)")
+                    help="ledgers (a): gc.freeze() in the client once its ledgers are open (docs/contributors.md)")
     ap.add_argument("--many-batch", type=int, default=1, help="many: entries per ledger while filling")
     ap.add_argument("--probe-seconds", type=float, default=4.0)
     ap.add_argument("--read-entries", type=int, default=200_000)

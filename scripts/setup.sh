@@ -19,6 +19,10 @@ apt_install() {
   case ",${ZBK_EXTRAS:-dev}," in
     *,spark,*) command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless) ;;
   esac
+  # Graphviz's dot renders the site's diagrams (docs/diagrams/*.dot); only for the docs extra.
+  case ",${ZBK_EXTRAS:-dev}," in
+    *,docs,*) command -v dot >/dev/null 2>&1 || need+=(graphviz) ;;
+  esac
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]} (apt)"
     local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

@@ -2,8 +2,9 @@
 # Sets up (scripts/setup.sh) and runs the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The whole suite includes the Spark data source tests: the spark extra and Java.
-export ZBK_EXTRAS=${ZBK_EXTRAS:-dev,spark}
+# The whole suite includes the Spark data source tests (the spark extra and Java) and the
+# strict build of the docs site (the docs extra and Graphviz; tests/docs/test_site.py).
+export ZBK_EXTRAS=${ZBK_EXTRAS:-dev,spark,docs}
 bash scripts/setup.sh
 # Local Spark binds the driver to loopback, never to a public interface.
 export SPARK_LOCAL_IP=127.0.0.1

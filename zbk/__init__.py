@@ -11,17 +11,35 @@ not pull in ZeroMQ or asyncio machinery.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from zbk import errors
 
 __version__ = "0.1.0"
-__all__ = ["AsyncBookKeeper", "BookKeeper", "errors", "__version__"]
+
+# Public name -> the module that defines it, imported on first use.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("AsyncBookKeeper", "BookKeeper", "LedgerEntry", "LedgerHandle", "ReadHandle",
+                     "SyncLedgerHandle", "SyncReadHandle"), "zbk.client"),
+    **dict.fromkeys(("AutoRecoveryConfig", "BookieConfig", "ClientConfig", "CurveConfig", "DiskConfig",
+                     "EntryLogConfig", "GcConfig", "HttpConfig", "IndexConfig", "JournalConfig",
+                     "RecoveryConfig"), "zbk.config"),
+}
+
+__all__ = [
+    "AsyncBookKeeper", "AutoRecoveryConfig", "BookKeeper", "BookieConfig", "ClientConfig", "CurveConfig",
+    "DiskConfig", "EntryLogConfig", "GcConfig", "HttpConfig", "IndexConfig", "JournalConfig", "LedgerEntry",
+    "LedgerHandle", "ReadHandle", "RecoveryConfig", "SyncLedgerHandle", "SyncReadHandle", "errors", "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BookKeeper", "AsyncBookKeeper"):
-        from zbk import client
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zbk' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'zbk' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,4 +1,4 @@
-"""Deterministic simulation of a zbk cluster for the client library (docs/client.md).
+"""Deterministic simulation of a zbk cluster for the client library (docs/contributors.md).
 
 The client's protocol code (zbk/client) and the bookies' cores (zbk/actors) run unchanged;
 the network, the disks' failures and time are simulated, in one thread, from one seed:

@@ -5,7 +5,7 @@ Each scenario runs the real client code (zbk/client) against bookies made of the
 from a seed. Randomized scenarios print
 ``ZBK_SEED=<n>``; set it to replay. The property checked everywhere is persistence: every
 acknowledged entry is at or below the closed last entry and readable with its bytes
-(:func:`sim.check_persistence`). docs/client.md ("Simulation harness") explains each one.
+(:func:`sim.check_persistence`). docs/contributors.md ("Simulation harness") explains each one.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ async def bp46_scenario_1(seed: int, d: Durability, *, crash_after_close: bool, 
     (PHASE_ONE, True, False, True),
     (BP46, True, False, False),
     # ...and a disk replaced after the close keeps nothing: a limit of BP-46 itself (and of
-    # zbk's phase one), not of the client. docs/client.md, "What the harness found".
+    # zbk's phase one), not of the client. docs/contributors.md, "What the harness found".
     (BP46, True, True, True),
 ], ids=lambda v: v.name if isinstance(v, Durability) else None)
 def test_bp46_scenario_1_lost_fence(d: Durability, crash_after_close: bool, wipe: bool, lost: bool) -> None:

@@ -27,34 +27,71 @@ from zbk.osthread import allowed_cpus, can_pin, parse_cpu_list
 
 @dataclass(frozen=True, kw_only=True)
 class BookieConfig:
-    """Every key of API.md "Bookie configuration": identity, addresses, directories and
-    process-wide keys here; the rest in the section of the component it configures."""
+    """Every key of API.md "Bookie configuration": identity, addresses, directories and process-wide
+    keys here; the rest in the section of the component it configures.
 
-    bookie_id: str = ""  # default: "<bind_address>:<port>"
+    Attributes:
+        bookie_id: The id clients and the metadata know this bookie by (``host:port``); empty:
+            ``<bind_address>:<port>``. Never change it: the cookie records it.
+        bind_address: The address the wire port binds.
+        port: The wire protocol's port (``--port``).
+        metadata_uri: Required: ``sqlite:///path/meta.db`` or
+            ``etcd://host:port[,host:port...]/scope`` (``--metadata``).
+        data_dir: The directory under which ``journal/``, ``ledgers/`` and ``index/`` go, for the
+            ``*_dirs`` not given (``--data-dir``).
+        journal_dirs: The journals' directories, at most 16 (empty: ``<data_dir>/journal``): one
+            journal and thread each, ledger ``l``'s records in journal ``l % len(journal_dirs)``.
+            Directories can be appended later, never removed or reordered (docs/operations.md, "Several
+            journals"); each belongs on a disk of its own, since every add waits for its journal's
+            fsync.
+        ledger_dirs: The entry logs' directories (empty: ``<data_dir>/ledgers``).
+        index_dirs: The index files' directories (empty: ``<data_dir>/index``).
+        rack: The bookie's rack: placement spreads each write set over racks.
+        zone: The zone (availability zone, data centre) its rack lies in: placement spreads each
+            write set over zones where it can.
+        isolation_group: The one isolation group the bookie belongs to ("": none): clients whose
+            ``isolation_groups`` name it may use it, and no other client with ``isolation_groups`` does.
+        auto_fix_cookie: On a cookie mismatch, write the cookie again and run phase one instead of
+            refusing to start (exit code 4).
+        registration_ttl_s: The lease of the bookie's registration: how long after a crash it still
+            looks registered.
+        max_frame_bytes: The largest wire frame accepted, 1024 bytes to 256 MiB.
+        actor_cpus: The CPUs the actor threads (journal, entry logger, index, GC, Server) are
+            confined to, as ``taskset -c`` takes them (``"3"``, ``"0-1"``); empty: wherever the kernel
+            schedules them. One CPU saves the cross-CPU hand-overs of the GIL between them
+            (docs/operations.md, "CPU affinity"), at the risk of sharing it with a busy neighbour.
+        start_read_only: Start read-only (``zbk bookie --readonly``), as an operator's ``PUT
+            /api/v1/bookie/state {"state": "readonly"}`` would: the state is kept on disk and lasts,
+            across restarts too, until an operator switches the bookie back to writable
+            (zbk/storage/operatorstate.py).
+        journal: The ``[journal]`` table (JournalConfig).
+        entry_log: The ``[entry_log]`` table (EntryLogConfig).
+        index: The ``[index]`` table (IndexConfig).
+        gc: The ``[gc]`` table (GcConfig).
+        disk: The ``[disk]`` table (DiskConfig).
+        autorecovery: The ``[autorecovery]`` table (RecoveryConfig).
+        curve: The ``[curve]`` table (CurveConfig).
+        http: The ``[http]`` table (HttpConfig).
+    """
+
+    bookie_id: str = ""
     bind_address: str = "127.0.0.1"
     port: int = 3181
     metadata_uri: str = ""
     data_dir: str = ""
     # The directories are the bookie's identity as much as its id: the cookie records them.
-    journal_dirs: tuple[str, ...] = ()  # default: <data_dir>/journal
-    ledger_dirs: tuple[str, ...] = ()  # default: <data_dir>/ledgers
-    index_dirs: tuple[str, ...] = ()  # default: <data_dir>/index
+    journal_dirs: tuple[str, ...] = ()
+    ledger_dirs: tuple[str, ...] = ()
+    index_dirs: tuple[str, ...] = ()
     # Where the bookie stands, for placement (zbk/client/placement.py): a rack lies in one
-    # zone, and a bookie belongs to at most one isolation group ("": none).
+    # zone, and a bookie belongs to at most one isolation group.
     rack: str = ""
     zone: str = ""
     isolation_group: str = ""
     auto_fix_cookie: bool = False
     registration_ttl_s: int = limits.metadata_lease_ttl_s_default
     max_frame_bytes: int = limits.frame_bytes_max_default
-    # The CPUs the actor threads (journal, entry logger, index, GC, Server) are confined to,
-    # as taskset -c takes them ("2", "0-1"); empty: wherever the kernel schedules them. One
-    # CPU saves the cross-CPU hand-overs of the GIL between them (docs/operations.md,
-    # "CPU affinity").
     actor_cpus: str = ""
-    # Start read-only, as an operator's PUT /api/v1/bookie/state {"state": "readonly"} would
-    # (`zbk bookie --readonly`): the state is kept on disk and lasts until an operator
-    # switches the bookie back to writable (zbk/storage/operatorstate.py).
     start_read_only: bool = False
 
     journal: JournalConfig = field(default_factory=JournalConfig)
@@ -67,7 +104,12 @@ class BookieConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def resolved(self) -> BookieConfig:
-        """Fill the defaults that derive from other keys (bookie id, directories)."""
+        """Fill the defaults that derive from other keys (bookie id, directories).
+
+        Returns:
+            A copy with ``bookie_id`` and the ``*_dirs`` filled in where they were empty
+            (this config itself when nothing was).
+        """
         changes: dict[str, Any] = {}
         if not self.bookie_id:
             changes["bookie_id"] = f"{self.bind_address}:{self.port}"
@@ -78,6 +120,16 @@ class BookieConfig:
         return dataclasses.replace(self, **changes) if changes else self
 
     def validate(self) -> BookieConfig:
+        """Check every key and every section, and the keys together.
+
+        Returns:
+            The config with its derived defaults filled in (``resolved()``).
+
+        Raises:
+            ConfigError: A value out of range, a missing ``metadata_uri`` or directory, a
+                journal directory named twice, or ``actor_cpus`` naming a CPU this process
+                may not run on.
+        """
         cfg = self.resolved()
         if not cfg.journal_dirs or not cfg.ledger_dirs or not cfg.index_dirs:
             raise ConfigError("data_dir (or journal_dirs, ledger_dirs and index_dirs) must be set")
@@ -104,8 +156,15 @@ class BookieConfig:
         return cfg
 
     def actor_cpu_set(self) -> frozenset[int]:
-        """``actor_cpus`` as a set (empty: not confined); ConfigError when it is not a CPU list
-        or names a CPU this process may not run on."""
+        """``actor_cpus`` as a set of CPU numbers.
+
+        Returns:
+            The CPUs the actor threads are confined to; empty: not confined.
+
+        Raises:
+            ConfigError: ``actor_cpus`` is not a CPU list, or names a CPU this process may
+                not run on, or this platform cannot confine threads.
+        """
         try:
             cpus = parse_cpu_list(self.actor_cpus)
         except ValueError as e:
@@ -119,9 +178,19 @@ class BookieConfig:
         return cpus
 
     def autorecovery_config(self, http_port: int) -> AutoRecoveryConfig:
-        """``autorecovery.enabled``: the settings of the auditor candidate and replicators
-        this bookie runs, its HTTP routes on ``http_port``. With CURVE they connect to the
-        other bookies with this bookie's key pair."""
+        """The settings of the auditor candidate and replicators this bookie runs with
+        ``autorecovery.enabled``. With CURVE they connect to the other bookies with this
+        bookie's key pair.
+
+        Args:
+            http_port: The port of the bookie's HTTP server, which serves their routes.
+
+        Returns:
+            The auto-recovery settings, validated.
+
+        Raises:
+            ConfigError: The resulting settings are not valid.
+        """
         curve = self.curve
         server_key = curve.server_public_key_file
         if curve.secret_key_file and not server_key and not curve.server_keys_dir:

@@ -19,9 +19,9 @@ class ClientConfig:
     add_request_entries_max: int = limits.client_add_request_entries_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
     heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
-    # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/client.md.
+    # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/contributors.md.
     explicit_lac_interval_ms: int = limits.client_explicit_lac_interval_ms_default
-    # Placement (docs/client.md, "Placement"): each write set spans at least this many racks
+    # Placement (docs/contributors.md, "Placement"): each write set spans at least this many racks
     # (or WQ, if fewer); enforced, creation and ensemble changes fail with NotEnoughBookies
     # rather than place a ledger short of it. Non-empty isolation_groups: only bookies of
     # these groups hold this client's ledgers.
