@@ -92,6 +92,10 @@ def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluste
                  "--server-pids", ",".join(str(nd.pid) for nd in nats.nodes)]
     if e2e:
         argv.append("--e2e")
+    if system == "zbk" and args.profile:
+        spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        out = f"{args.profile}-client-{rate}{'-e2e' if e2e else ''}-{int(time.time())}.txt"
+        argv = [spy, "record", "--format", "raw", "--threads", "--rate", "200", "-o", out, "--", *argv]
     return argv
 
 
@@ -328,6 +332,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--settle", type=float, default=1.0, help="seconds of pause between runs")
     ap.add_argument("--size", type=int, default=1024, help="entry bytes (>= 16)")
     ap.add_argument("--max-rate", type=int, default=500_000, help="the ladder's highest rate")
+    ap.add_argument("--rates", help="the ladder's rates instead (comma-separated, still stopping at a failure)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems of the ladder and e2e phases")
+    ap.add_argument("--profile", metavar="PREFIX", help="run zbk bookie-0 (PREFIX-bookie0.txt) and each zbk "
+                    "writer (PREFIX-client-RATE-TIME.txt) under py-spy; raw profiles for bench/profile_top.py")
     ap.add_argument("--gen-max-rate", type=int, default=200_000, help="the generator phase's highest rate")
     ap.add_argument("--e2e-rate", type=int, help="rate of the e2e phase (default: half NATS's highest held rate)")
     ap.add_argument("--explicit-lac-ms", type=int, default=10,
@@ -363,6 +371,8 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
+    if set(args.systems.split(",")) - set(SYSTEMS):
+        ap.error(f"--systems: of {','.join(SYSTEMS)}")
     return args
 
 
@@ -393,9 +403,11 @@ def main() -> int:
         held = [r["rate"] for r in report["gen"] if r["holds"]]
         report["gen_ceiling"] = (f"holds {max(held):,}/s" if held else "holds no rate") + (
             "" if not report["gen"] or not report["gen"][-1]["holds"] else " (the highest rate tried)")
-    need_nats = "ladder" in phases or "e2e" in phases
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    need_nats = "nats" in systems and ("ladder" in phases or "e2e" in phases)
     nats = NatsCluster(3) if need_nats else None
-    zbk = ZbkCluster(3, settings=settings) if set(phases) & {"ladder", "e2e", "rw"} else None
+    zbk = ZbkCluster(3, settings=settings, profile=f"{args.profile}-bookie0.txt" if args.profile else None) \
+        if set(phases) & {"ladder", "e2e", "rw"} else None
     try:
         if nats is not None:
             nats.start()
@@ -405,8 +417,9 @@ def main() -> int:
                   + f"; load {loadavg()}", flush=True)
         if "ladder" in phases:
             print("== ladder ==", flush=True)
-            rates = ladder_rates(args.max_rate)
-            runs = run_ladder(SYSTEMS, rates, lambda s, rate: measure(s, rate, args, zbk, nats))
+            rates = [int(r) for r in args.rates.split(",")] if args.rates else ladder_rates(args.max_rate)
+            runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats))
+            runs = {s: runs.get(s, []) for s in SYSTEMS}
             report["ladder"] = {**runs, "rates": rates,
                                 "highest_held": {s: highest_held(runs[s]) for s in SYSTEMS},
                                 "capped": [s for s in SYSTEMS if runs[s] and runs[s][-1]["holds"]]}
@@ -419,7 +432,7 @@ def main() -> int:
                 print("e2e: skipped (no NATS ladder result and no --e2e-rate)", flush=True)
             else:
                 print(f"== end to end at {rate:,}/s ==", flush=True)
-                e2e_runs = {s: measure(s, rate, args, zbk, nats, e2e=True) for s in SYSTEMS}
+                e2e_runs = {s: measure(s, rate, args, zbk, nats, e2e=True) for s in systems}
                 report["e2e"] = {"rate": rate, "rate_from": source, "runs": e2e_runs}
         if "rw" in phases:
             assert zbk is not None
