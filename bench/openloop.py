@@ -103,8 +103,16 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
             *, e2e: bool = False, label: str = "") -> dict[str, Any]:
     """One writer run at ``rate``, judged; prints a line."""
     load_before = loadavg()
-    r = run_json(writer_argv(system, rate, args, zbk, nats, e2e=e2e),
-                 timeout_s=args.warmup + args.seconds + args.drain + 180)
+    try:
+        r = run_json(writer_argv(system, rate, args, zbk, nats, e2e=e2e),
+                     timeout_s=args.warmup + args.seconds + args.drain + 180)
+    except (RuntimeError, TimeoutError) as err:
+        # A run that broke (a worker that died or hung) does not hold its rate; the error is
+        # kept in the report, and the other system's ladder goes on.
+        print(f"{label or system:>10} {rate:>7,}/s: RUN FAILED: {err}", flush=True)
+        time.sleep(args.settle)
+        return {"system": system, "rate": rate, "holds": False, "why": "run failed", "error": str(err)[-4000:],
+                "load_before": load_before, "load_after": loadavg()}
     v = judge(r["offered"], r["completed_in_time"], r["p99_ms"])
     r.update(holds=v.holds, why=v.why, load_before=load_before, load_after=loadavg())
     e = r.get("e2e")
@@ -159,8 +167,8 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
         reads = [last_json(logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
         total = sum(x["entries_per_s"] for x in reads)
         print(f"{'readers':>10}: {args.readers} x {[round(x['entries_per_s']) for x in reads]} entries/s "
-              f"(total {total:,.0f}/s); bookies' storage reads {beside['servers_read_mb_per_s']} MB/s "
-              f"(alone {alone['servers_read_mb_per_s']})", flush=True)
+              f"(total {total:,.0f}/s); bookies' storage reads {beside.get('servers_read_mb_per_s')} MB/s "
+              f"(alone {alone.get('servers_read_mb_per_s')})", flush=True)
         rounds.append({"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1)})
     return {"rate": rate, "prefill": pre, "readers": args.readers, "rounds": rounds}
 
@@ -178,9 +186,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     lad = report.get("ladder")
     if lad:
-        zr = {r["rate"]: r for r in lad["zbk"]}
-        held = [r for r in lad["nats"] if r["holds"]]
+        zr = {r["rate"]: r for r in lad["zbk"] if "error" not in r}
         # A rate NATS holds and zbk's ladder never reached (it stopped below) is a miss too.
+        held = [r for r in lad["nats"] if r["holds"]]
         worse = [(r["rate"], r["p99_ms"], zr[r["rate"]]["p99_ms"] if r["rate"] in zr else None,
                   r["p999_ms"], zr[r["rate"]]["p999_ms"] if r["rate"] in zr else None)
                  for r in held if r["rate"] not in zr
@@ -194,12 +202,14 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             out["zbk highest held >= 2.5 x NATS"] = {"met": hz >= 2.5 * hn, "ratio": round(hz / hn, 2),
                                                      "capped_by_max_rate": lad["capped"]}
     e2e = report.get("e2e")
-    if e2e and all(s in e2e["runs"] for s in SYSTEMS):
+    if e2e and all("e2e" in e2e["runs"].get(s, {}) for s in SYSTEMS):
         z, n = e2e["runs"]["zbk"]["e2e"]["p99_ms"], e2e["runs"]["nats"]["e2e"]["p99_ms"]
         out["e2e p99: zbk <= NATS"] = {"met": z <= n, "zbk_ms": z, "nats_ms": n}
     rw = report.get("rw")
     if rw:
         for i, rnd in enumerate(rw["rounds"]):
+            if "error" in rnd["alone"] or "error" in rnd["readers"]:
+                continue
             a, b = rnd["alone"]["p99_ms"], rnd["readers"]["p99_ms"]
             out[f"rw round {i + 1}: writers' p99 with readers <= 2 x without"] = {
                 "met": b <= 2 * a, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None}
@@ -207,6 +217,8 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def row(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['rate']:>8,}  run failed: {r['error'].splitlines()[-1] if r['error'] else '?'}"
     return (f"{r['rate']:>8,} {r['achieved_per_s']:>9,.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['p999_ms']:>7.2f} {r['max_ms']:>8.2f} {fmt_opt(r['server_cpu_us_per_entry']):>7} "
             f"{fmt_opt(r['client_cpu_us_per_entry']):>7} {r['send_lag_p99_ms']:>6.2f} {r['naive_p99_ms']:>7.2f} "
@@ -244,6 +256,9 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{'system':>8} {'app p50':>8} {'app p99':>8} {'e2e p50':>8} {'e2e p99':>8} {'p99.9':>8} {'max':>8} "
               f"{'recv':>13} {'reader us':>9}")
         for s, r in e2e["runs"].items():
+            if "error" in r:
+                print(f"{s:>8} run failed")
+                continue
             e = r["e2e"]
             print(f"{s:>8} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {e['p50_ms']:>8.2f} {e['p99_ms']:>8.2f} "
                   f"{e['p999_ms']:>8.2f} {e['max_ms']:>8.2f} {e['received']:>6}/{e['expected']:<6} "
@@ -257,6 +272,9 @@ def print_report(report: dict[str, Any]) -> None:
         for i, rnd in enumerate(rw["rounds"]):
             for case in ("alone", "readers"):
                 r = rnd[case]
+                if "error" in r:
+                    print(f"{i + 1:>5} {case:>9} run failed")
+                    continue
                 reads = f"{rnd['readers_entries_per_s']:>9,.0f}" if case == "readers" else f"{'-':>9}"
                 print(f"{i + 1:>5} {case:>9} {r['achieved_per_s']:>9,.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
                       f"{r['p999_ms']:>7.2f} {r['max_ms']:>8.2f} {fmt_opt(r['server_cpu_us_per_entry']):>7} "
@@ -283,7 +301,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     styles = {"p50_ms": ("p50", "-", "o"), "p99_ms": ("p99", "--", "s"), "p999_ms": ("p99.9", "-.", "^"),
               "max_ms": ("max", ":", "D")}
     for s in SYSTEMS:
-        runs = lad[s]
+        runs = [r for r in lad[s] if "error" not in r]
         if not runs:
             continue
         rates = [r["rate"] for r in runs]
