@@ -21,7 +21,10 @@ always``) on 127.0.0.1, as bench/peers.py does, and runs these phases (``--phase
 * ``rw`` (zbk only): ``--prefill`` entries written into closed ledgers, then writers at 50 %
   of zbk's highest held rate (or ``--rw-rate``) alone and beside ``--readers`` catch-up
   readers reading those ledgers from their start at full speed: the writers' p99 with and
-  without readers, the readers' entries/s, the bookies' storage reads.
+  without readers, the readers' entries/s, the bookies' storage reads. So that the readers
+  read from the disk, not from the page cache, the bench drops the bookies' entry-log pages
+  from the cache every ``--cold-every`` seconds during these runs (posix_fadvise DONTNEED
+  on those files only; the bookies' storage-read MB/s shows what came from the disk).
 
 Every run is a fresh client process on a fresh ledger or stream: ``--warmup`` seconds of
 the same load, then ``--seconds`` measured, then 0.2 s more load, then up to ``--drain``
@@ -46,6 +49,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -150,17 +154,23 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
                     "--size", str(args.size)], timeout_s=args.prefill / 1000 + 300)
     print(f"prefill: {pre['entries']:,} entries in {pre['seconds']} s", flush=True)
     time.sleep(args.settle)
-    ids = ",".join(str(x) for x in pre["ledgers"])
+    ids = pre["ledgers"]
+    # Each reader its own ledgers when there are enough, so that no reader finds the pages
+    # another one just read in the page cache.
+    shares = [ids[k::args.readers] or ids for k in range(args.readers)]
     rounds = []
     logdir = Path(tempfile.mkdtemp(prefix="openloop-readers-"))
     for rnd in range(args.rw_rounds):
-        alone = measure("zbk", rate, args, zbk, None, label="alone")
+        with CacheDropper(zbk, args.cold_every):
+            alone = measure("zbk", rate, args, zbk, None, label="alone")
         readers = [start_process([sys.executable, SCRIPT, "--worker", "zbk-catchup", "--metadata", zbk.metadata,
-                                  "--ledger-ids", ids, "--start", str(k), "--max-seconds", str(args.max_seconds)],
+                                  "--ledger-ids", ",".join(map(str, shares[k])), "--start", str(k),
+                                  "--max-seconds", str(args.max_seconds)],
                                  logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
         try:
-            time.sleep(1.0)  # the readers open their ledgers and start reading
-            beside = measure("zbk", rate, args, zbk, None, label="+readers")
+            with CacheDropper(zbk, args.cold_every):
+                time.sleep(1.0)  # the readers open their ledgers and start reading
+                beside = measure("zbk", rate, args, zbk, None, label="+readers")
         finally:
             for p in readers:
                 stop_process(p, sig=signal.SIGTERM)
@@ -171,6 +181,46 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
               f"(alone {alone.get('servers_read_mb_per_s')})", flush=True)
         rounds.append({"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1)})
     return {"rate": rate, "prefill": pre, "readers": args.readers, "rounds": rounds}
+
+
+class CacheDropper:
+    """While in use, every ``every_s`` seconds: ``posix_fadvise(DONTNEED)`` on the bookies'
+    entry logs, so that the catch-up readers read old entries from the disk, as readers of
+    data older than the page cache would, and not from the pages they or the prefill brought
+    in. Only clean pages go; the journals (which the bookies keep cached on purpose) are
+    left alone. ``every_s`` 0: off."""
+
+    def __init__(self, zbk: ZbkCluster, every_s: float) -> None:
+        self.zbk, self.every_s = zbk, every_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cache-dropper", daemon=True)
+
+    def drop(self) -> None:
+        for b in self.zbk.bookies:
+            for f in (b.data_dir / "ledgers").glob("*.log"):
+                try:
+                    fd = os.open(f, os.O_RDONLY)
+                except OSError:  # deleted meanwhile
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.drop()
+
+    def __enter__(self) -> CacheDropper:
+        if self.every_s > 0:
+            self.drop()
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(10)
 
 
 def last_json(path: Path) -> dict[str, Any]:
@@ -363,6 +413,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prefill", type=int, default=200_000, help="old entries the catch-up readers read")
     ap.add_argument("--prefill-ledgers", type=int, default=4)
     ap.add_argument("--rw-rounds", type=int, default=1)
+    ap.add_argument("--cold-every", type=float, default=1.0,
+                    help="seconds between drops of the bookies' entry-log pages from the page cache in the rw "
+                         "runs, so that the readers read from the disk (0: never)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
     ap.add_argument("--json-out", metavar="FILE", help="write every figure here")
     ap.add_argument("--plot", metavar="PNG", help="latency percentiles against rate")
