@@ -44,9 +44,11 @@ process is stopped by PID on exit, Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -97,16 +99,29 @@ def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluste
     if e2e:
         argv.append("--e2e")
     if system == "zbk" and args.profile:
-        spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
         out = f"{args.profile}-client-{rate}{'-e2e' if e2e else ''}-{int(time.time())}.txt"
-        argv = [spy, "record", "--format", "raw", "--threads", "--rate", "200", "-o", out, "--", *argv]
+        argv = [*spy_argv(out), "--", *argv]
     return argv
+
+
+def spy_argv(out: str) -> list[str]:
+    """py-spy sampling only threads that hold the GIL (Python's CPU time, not its waits),
+    without pausing the process at each sample (which would slow it down many times)."""
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return [spy, "record", "--format", "raw", "--threads", "--gil", "--nonblocking", "--rate", "200", "-o", out]
 
 
 def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | None, nats: NatsCluster | None,
             *, e2e: bool = False, label: str = "") -> dict[str, Any]:
     """One writer run at ``rate``, judged; prints a line."""
     load_before = loadavg()
+    spy = None
+    if system == "zbk" and args.profile and zbk is not None:
+        # bookie-0 from now to about the end of the measured window (the writer's start-up,
+        # about 2 s, included); the profile is written when py-spy's duration is over.
+        out = f"{args.profile}-bookie0-{rate}{'-e2e' if e2e else ''}-{int(time.time())}.txt"
+        spy = start_process([*spy_argv(out), "--pid", str(zbk.bookies[0].pid),
+                             "--duration", str(round(args.warmup + args.seconds + 2))], Path(f"{out}.log"))
     try:
         r = run_json(writer_argv(system, rate, args, zbk, nats, e2e=e2e),
                      timeout_s=args.warmup + args.seconds + args.drain + 180)
@@ -117,6 +132,11 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
         time.sleep(args.settle)
         return {"system": system, "rate": rate, "holds": False, "why": "run failed", "error": str(err)[-4000:],
                 "load_before": load_before, "load_after": loadavg()}
+    finally:
+        if spy is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(30)
+            stop_process(spy, sig=signal.SIGINT)
     v = judge(r["offered"], r["completed_in_time"], r["p99_ms"])
     r.update(holds=v.holds, why=v.why, load_before=load_before, load_after=loadavg())
     e = r.get("e2e")
@@ -402,8 +422,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-rate", type=int, default=500_000, help="the ladder's highest rate")
     ap.add_argument("--rates", help="the ladder's rates instead (comma-separated, still stopping at a failure)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems of the ladder and e2e phases")
-    ap.add_argument("--profile", metavar="PREFIX", help="run zbk bookie-0 (PREFIX-bookie0.txt) and each zbk "
-                    "writer (PREFIX-client-RATE-TIME.txt) under py-spy; raw profiles for bench/profile_top.py")
+    ap.add_argument("--profile", metavar="PREFIX", help="profile bookie-0 (PREFIX-bookie0-RATE-TIME.txt) and the "
+                    "writer (PREFIX-client-RATE-TIME.txt) of every zbk run with py-spy; raw profiles for "
+                    "bench/profile_top.py")
     ap.add_argument("--gen-max-rate", type=int, default=200_000, help="the generator phase's highest rate")
     ap.add_argument("--e2e-rate", type=int, help="rate of the e2e phase (default: half NATS's highest held rate)")
     ap.add_argument("--explicit-lac-ms", type=int, default=10,
@@ -477,8 +498,7 @@ def main() -> int:
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     need_nats = "nats" in systems and ("ladder" in phases or "e2e" in phases)
     nats = NatsCluster(3) if need_nats else None
-    zbk = ZbkCluster(3, settings=settings, profile=f"{args.profile}-bookie0.txt" if args.profile else None) \
-        if set(phases) & {"ladder", "e2e", "rw"} else None
+    zbk = ZbkCluster(3, settings=settings) if set(phases) & {"ladder", "e2e", "rw"} else None
     try:
         if nats is not None:
             nats.start()
