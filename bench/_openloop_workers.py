@@ -261,7 +261,7 @@ async def writer(args: argparse.Namespace) -> dict[str, Any]:
     rate = args.rate
     w0 = round(args.warmup * rate)
     w1 = w0 + max(1, round(args.seconds * rate))
-    n = w1 + round(COOLDOWN_S * rate)
+    n = w1 + max(1, round(COOLDOWN_S * rate))  # at least entry w1: its send marks the window's end
     server_pids = [int(p) for p in args.server_pids.split(",") if p]
     target = make_target(args)
     await target.start()

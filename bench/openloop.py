@@ -32,7 +32,8 @@ seconds waiting for what is in flight. Entry i's latency counts from its intende
 t0 + i/rate, not from the actual send (coordinated omission corrected); an entry never
 confirmed counts with the time the run waited for it. The generator's own lateness (actual
 minus intended send) and the latency from the actual send (what a closed-loop bench would
-show) are reported beside. CPU figures cover the measured window only. Prints a table per
+show) are reported beside. CPU figures cover the measured window only; the client's CPU per
+entry includes the generator's, whose own share at each rate is the ``gen`` phase's figure. Prints a table per
 phase and the targets of the same run; ``--json-out`` writes every figure with the git
 revision and the machine's load, ``--plot`` draws latency percentiles against rate. Every
 process is stopped by PID on exit, Ctrl-C and SIGTERM.
