@@ -1,0 +1,202 @@
+"""The arithmetic of bench/openloop.py, kept free of processes and I/O so that it can be
+unit-tested (tests/bench/test_openloop_stats.py): the fixed-rate schedule, latency with
+coordinated omission corrected, the "holds" judgement, the rate ladder and the summary of
+a latency sample by HdrHistogram.
+
+Times are integer nanoseconds of CLOCK_MONOTONIC (``time.monotonic_ns()`` on Linux), a
+clock shared by every process of the machine, so that a reader in another process can
+take an entry's latency from the intended send time written into it.
+
+Coordinated omission: a closed-loop or a late generator sends the next entry only when it
+can, so a stall of the system under test delays the sends and hides the wait of every
+entry that should have gone out meanwhile. Here entry ``i`` of a run at ``rate`` entries/s
+has the intended send time ``t0 + i / rate``, and its latency counts from that time, not
+from the moment it was actually sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NS_PER_S = 1_000_000_000
+
+# A system holds a rate when it completes at least this share of the appends offered in
+# the measured time and its p99 latency (from the intended send times) stays at or below
+# this bound.
+HOLD_COMPLETED_FRACTION = 0.99
+HOLD_P99_MS = 20.0
+
+# The rate ladder: these first, then steps of LADDER_STEP.
+LADDER_FIRST = (1_000, 2_000, 5_000)
+LADDER_STEP = 5_000
+
+# done_ns values besides a completion time (monotonic_ns() is never 0 or negative on Linux).
+NOT_DONE = 0
+FAILED = -1
+
+
+def intended_ns(t0_ns: int, i: int, rate: int) -> int:
+    """The intended send time of entry ``i`` (from 0) of a schedule of ``rate`` entries/s
+    starting at ``t0_ns``: ``t0 + i / rate``, rounded down to the nanosecond."""
+    return t0_ns + i * NS_PER_S // rate
+
+
+def due_count(t0_ns: int, now_ns: int, rate: int) -> int:
+    """How many entries of the schedule are due at ``now_ns``: the number of ``i >= 0``
+    with ``intended_ns(t0_ns, i, rate) <= now_ns`` (0 before ``t0_ns``).
+
+    intended(i) <= now  <=>  i * 1e9 // rate <= now - t0  <=>  i * 1e9 < (now - t0 + 1) * rate,
+    so the count is the ceiling of (now - t0 + 1) * rate / 1e9."""
+    if now_ns < t0_ns:
+        return 0
+    return -(-(now_ns - t0_ns + 1) * rate // NS_PER_S)
+
+
+def ladder_rates(max_rate: int, first: Sequence[int] = LADDER_FIRST, step: int = LADDER_STEP) -> list[int]:
+    """The offered rates in order: ``first``, then ``step`` after step, up to ``max_rate``."""
+    rates = [r for r in first if r <= max_rate]
+    r = (max(first) // step + 1) * step
+    while r <= max_rate:
+        rates.append(r)
+        r += step
+    return rates
+
+
+@dataclass
+class WindowStats:
+    """What one run's measured window gave."""
+
+    offered: int  # entries whose intended send time lies in the window
+    completed_in_time: int  # of those, confirmed by the window's end plus the grace
+    completed: int  # of those, confirmed at all before the run stopped waiting
+    failed: int  # of those, failed (an error instead of a confirmation)
+    achieved_per_s: float  # confirmations (of any entry) inside the window, per second
+    latencies_ns: list[int]  # one per offered entry that did not fail, from its intended send time
+    censored: int  # entries never confirmed: their latency is a lower bound (end of wait - intended)
+
+
+def window_stats(t0_ns: int, rate: int, done_ns: Sequence[int], w0: int, w1: int, *, grace_ns: int,
+                 end_ns: int) -> WindowStats:
+    """The measured window of a run: entries ``w0 <= i < w1`` of the schedule (``t0_ns``,
+    ``rate``); ``done_ns[i]`` is entry i's confirmation time, NOT_DONE or FAILED, for every
+    entry sent (the warm-up before ``w0`` and the cool-down after ``w1`` included).
+
+    An entry counts as completed in time when it was confirmed no later than ``grace_ns``
+    after the window's end (the intended send time of ``w1``): an entry offered just before
+    the end cannot be confirmed before it, and the latency bound is the delay it may take.
+    An entry that was never confirmed (the run stopped waiting at ``end_ns``) enters the
+    latencies with ``end_ns`` minus its intended time, a lower bound of its real latency,
+    so that a system that drops behind cannot look fast by leaving its slowest entries out.
+    """
+    if not 0 <= w0 < w1 <= len(done_ns):
+        raise ValueError(f"bad window {w0}..{w1} of {len(done_ns)} entries")
+    start, stop = intended_ns(t0_ns, w0, rate), intended_ns(t0_ns, w1, rate)
+    deadline = stop + grace_ns
+    lat: list[int] = []
+    in_time = completed = failed = censored = 0
+    for i in range(w0, w1):
+        d = done_ns[i]
+        sched = intended_ns(t0_ns, i, rate)
+        if d == FAILED:
+            failed += 1
+        elif d == NOT_DONE:
+            censored += 1
+            lat.append(max(0, end_ns - sched))
+        else:
+            completed += 1
+            if d <= deadline:
+                in_time += 1
+            lat.append(max(0, d - sched))
+    inside = sum(1 for d in done_ns if start <= d <= stop)
+    seconds = (stop - start) / NS_PER_S
+    return WindowStats(offered=w1 - w0, completed_in_time=in_time, completed=completed, failed=failed,
+                       achieved_per_s=inside / seconds, latencies_ns=lat, censored=censored)
+
+
+def naive_latencies_ns(sent_ns: Sequence[int], done_ns: Sequence[int], w0: int, w1: int) -> list[int]:
+    """Latency from the actual send (what a closed-loop bench reports; coordinated omission
+    NOT corrected): only to show, beside the corrected figure, what the correction adds."""
+    return [done_ns[i] - sent_ns[i] for i in range(w0, w1) if done_ns[i] > 0 and sent_ns[i] > 0]
+
+
+def rank_ms(sorted_ns: Sequence[int], p: float) -> float:
+    """The p-quantile (0..1) of an ascending list of nanoseconds, nearest rank below, in ms
+    (for the side figures; the latency percentiles come from HdrHistogram)."""
+    if not sorted_ns:
+        return 0.0
+    return round(sorted_ns[min(len(sorted_ns) - 1, int(p * len(sorted_ns)))] / 1e6, 3)
+
+
+@dataclass
+class Verdict:
+    holds: bool
+    why: str
+
+
+def judge(offered: int, completed_in_time: int, p99_ms: float, *,
+          fraction: float = HOLD_COMPLETED_FRACTION, p99_bound_ms: float = HOLD_P99_MS) -> Verdict:
+    """Whether a run holds its rate: at least ``fraction`` of the ``offered`` appends
+    completed in the measured time, and p99 at or below ``p99_bound_ms``."""
+    if offered <= 0:
+        raise ValueError("a run that offered nothing cannot be judged")
+    reasons = []
+    share = completed_in_time / offered
+    if share < fraction:
+        reasons.append(f"completed {share:.2%} of the offered appends in time (< {fraction:.0%})")
+    if p99_ms > p99_bound_ms:
+        reasons.append(f"p99 {p99_ms:.1f} ms > {p99_bound_ms:g} ms")
+    return Verdict(not reasons, "; ".join(reasons) or "holds")
+
+
+def run_ladder(systems: Sequence[str], rates: Iterable[int],
+               measure: Callable[[str, int], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Climb the rates with every system, in alternation at each rate (the order flipped
+    from one rate to the next, so that neither system always runs first). A system's
+    ladder stops at the first rate it does not hold (``measure`` returns a dict with
+    ``holds``); the others go on. Returns each system's runs in rate order."""
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    climbing = list(systems)
+    for step, rate in enumerate(rates):
+        if not climbing:
+            break
+        order = climbing if step % 2 == 0 else climbing[::-1]
+        for s in order:
+            r = measure(s, rate)
+            runs[s].append(r)
+        climbing = [s for s in climbing if runs[s][-1]["holds"]]
+    return runs
+
+
+def highest_held(runs: Sequence[dict[str, Any]]) -> int | None:
+    """The highest offered rate of a ladder that held (None if none did)."""
+    held = [r["rate"] for r in runs if r["holds"]]
+    return max(held) if held else None
+
+
+# -- HdrHistogram ------------------------------------------------------------------------------
+HDR_LOWEST_NS = 1_000  # 1 us: below it, all one bucket
+HDR_HIGHEST_NS = 3_600 * NS_PER_S
+HDR_DIGITS = 3
+
+
+def latency_summary(latencies_ns: Iterable[int]) -> dict[str, Any]:
+    """p50, p99, p99.9 and max (ms) of a latency sample by HdrHistogram (3 significant
+    digits), with the count and the histogram itself (base64, HdrHistogram's compressed
+    encoding) so that runs can be merged or re-read later."""
+    from hdrh.histogram import HdrHistogram
+
+    h = HdrHistogram(HDR_LOWEST_NS, HDR_HIGHEST_NS, HDR_DIGITS)
+    for v in latencies_ns:
+        h.record_value(min(v, HDR_HIGHEST_NS))
+    n = h.get_total_count()
+
+    def ms(ns: int) -> float:
+        return round(ns / 1e6, 3)
+
+    if not n:
+        return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0, "max_ms": 0.0, "hdr": ""}
+    return {"count": n, "p50_ms": ms(h.get_value_at_percentile(50)), "p99_ms": ms(h.get_value_at_percentile(99)),
+            "p999_ms": ms(h.get_value_at_percentile(99.9)), "max_ms": ms(h.get_max_value()),
+            "hdr": h.encode().decode()}

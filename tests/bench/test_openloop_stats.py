@@ -1,0 +1,254 @@
+"""The arithmetic of bench/openloop.py (bench/_openloop_stats.py): the fixed-rate schedule,
+latency with coordinated omission corrected, the "holds" judgement and the rate ladder.
+Pure functions: no process, no clock."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from _openloop_stats import (  # noqa: E402
+    FAILED,
+    NOT_DONE,
+    NS_PER_S,
+    due_count,
+    highest_held,
+    intended_ns,
+    judge,
+    ladder_rates,
+    naive_latencies_ns,
+    run_ladder,
+    window_stats,
+)
+
+MS = 1_000_000
+
+
+# -- the schedule -------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [1, 3, 1_000, 7_000, 33_333, 250_000])
+def test_due_count_agrees_with_intended_times(rate: int) -> None:
+    """due_count(now) is exactly the number of entries whose intended time is <= now, also
+    at the nanosecond of an intended time and the one before it, for rates that do not
+    divide a second evenly."""
+    t0 = 5_000_000_000
+    for i in range(0, 400, 7):
+        t = intended_ns(t0, i, rate)
+        assert due_count(t0, t, rate) == i + 1
+        assert due_count(t0, t - 1, rate) == i
+    assert due_count(t0, t0 - 1, rate) == 0
+
+
+def test_intended_times_follow_the_rate() -> None:
+    assert intended_ns(0, 0, 1_000) == 0
+    assert intended_ns(0, 1_000, 1_000) == NS_PER_S
+    assert intended_ns(100, 3, 2_000) == 100 + 1_500_000
+
+
+def test_ladder_rates() -> None:
+    assert ladder_rates(30_000) == [1_000, 2_000, 5_000, 10_000, 15_000, 20_000, 25_000, 30_000]
+    assert ladder_rates(2_000) == [1_000, 2_000]
+    assert ladder_rates(12_345) == [1_000, 2_000, 5_000, 10_000]
+
+
+# -- coordinated omission ---------------------------------------------------------------------
+def stalled_run(rate: int = 1_000, n: int = 1_000, stall_at: int = 500, stall_ms: int = 100,
+                service_ns: int = MS // 2) -> tuple[int, list[int], list[int]]:
+    """A closed-loop-like sender: it sends entry i when the previous one is confirmed (never
+    before its intended time), the system takes ``service_ns`` per entry (half the interval
+    between entries: it keeps up, and catches up after a stall at twice the rate), and once
+    it stalls for ``stall_ms`` (entry ``stall_at``). Returns t0, the actual send times and
+    the confirmation times."""
+    t0 = 1_000_000_000
+    sent, done = [], []
+    free = t0
+    for i in range(n):
+        s = max(intended_ns(t0, i, rate), free)
+        d = s + service_ns + (stall_ms * MS if i == stall_at else 0)
+        sent.append(s)
+        done.append(d)
+        free = d
+    return t0, sent, done
+
+
+def test_latency_counts_from_the_intended_send_time() -> None:
+    """A 100 ms stall at 1,000 entries/s delays the ~200 entries behind it (the backlog
+    drains at 1,000/s): counted from the intended send time, entry k after the stall waited
+    100.5 - k / 2 ms, so ~100 entries (10 %) are over 50 ms; counted from the actual send
+    (the naive figure) only the stalled entry is slow."""
+    t0, sent, done = stalled_run()
+    st = window_stats(t0, 1_000, done, 0, 1_000, grace_ns=20 * MS, end_ns=done[-1])
+    corrected = sorted(st.latencies_ns)
+    naive = sorted(naive_latencies_ns(sent, done, 0, 1_000))
+    assert len(corrected) == 1_000 and st.completed == 1_000 and st.censored == 0
+    assert sum(1 for x in naive if x > 50 * MS) == 1
+    assert 90 <= sum(1 for x in corrected if x > 50 * MS) <= 110
+    assert corrected[989] > 10 * MS  # the corrected p99 sees the stall, the naive one does not
+    assert naive[989] == MS // 2
+    assert max(corrected) == 100 * MS + MS // 2  # the stalled entry itself: service + stall
+
+
+def test_exact_latencies_of_a_late_schedule() -> None:
+    """Entries confirmed at fixed times: each latency is confirmation minus intended time."""
+    t0, rate = 0, 1_000  # intended 0, 1, 2, 3 ms
+    done = [5 * MS, 5 * MS, 5 * MS, 5 * MS]
+    st = window_stats(t0, rate, done, 0, 4, grace_ns=20 * MS, end_ns=10 * MS)
+    assert st.latencies_ns == [5 * MS, 4 * MS, 3 * MS, 2 * MS]
+
+
+def test_unconfirmed_entries_count_with_the_time_waited() -> None:
+    """Entries never confirmed are not left out: their latency is at least the time the run
+    waited (a lower bound), and they do not count as completed."""
+    rate = 1_000
+    done = [1 * MS, 2 * MS, NOT_DONE, NOT_DONE, FAILED]
+    st = window_stats(0, rate, done, 0, 5, grace_ns=20 * MS, end_ns=1_000 * MS)
+    assert st.completed == 2 and st.completed_in_time == 2 and st.censored == 2 and st.failed == 1
+    assert sorted(st.latencies_ns) == [1 * MS, 1 * MS, 997 * MS, 998 * MS]  # the failed entry has none
+
+
+def test_window_leaves_out_warmup_and_cooldown() -> None:
+    rate = 1_000
+    # Warm-up entries 0-9 (slow), window 10-19, cool-down 20-24 (slow).
+    done = [intended_ns(0, i, rate) + (500 * MS if i < 10 or i >= 20 else 1 * MS) for i in range(25)]
+    st = window_stats(0, rate, done, 10, 20, grace_ns=20 * MS, end_ns=10**12)
+    assert st.offered == 10 and st.latencies_ns == [1 * MS] * 10
+
+
+def test_completed_in_time_and_achieved_rate() -> None:
+    """Completed in time: confirmed by the window's end plus the grace. Achieved rate:
+    confirmations inside the window, per second of window."""
+    rate = 1_000  # window entries 0..99: 0.1 s, ends at 100 ms
+    done = [intended_ns(0, i, rate) + 2 * MS for i in range(90)]
+    done += [115 * MS] * 5  # after the end, within the 20 ms grace
+    done += [125 * MS] * 5  # after the grace
+    st = window_stats(0, rate, done, 0, 100, grace_ns=20 * MS, end_ns=200 * MS)
+    assert st.completed == 100
+    assert st.completed_in_time == 95
+    # Confirmed inside [0, 100 ms]: entries 0..89 are confirmed at i + 2 ms <= 91 ms.
+    assert st.achieved_per_s == pytest.approx(90 / 0.1)
+
+
+def test_window_bounds_checked() -> None:
+    with pytest.raises(ValueError):
+        window_stats(0, 1_000, [1, 2, 3], 2, 5, grace_ns=0, end_ns=0)
+
+
+# -- holds --------------------------------------------------------------------------------------
+def test_judge_holds_at_the_bounds() -> None:
+    assert judge(10_000, 9_900, 20.0).holds  # exactly 99 % and exactly 20 ms
+    v = judge(10_000, 9_899, 20.0)
+    assert not v.holds and "99" in v.why
+    v = judge(10_000, 10_000, 20.001)
+    assert not v.holds and "p99" in v.why
+    v = judge(10_000, 5_000, 300.0)
+    assert not v.holds and "p99" in v.why and "completed" in v.why
+    with pytest.raises(ValueError):
+        judge(0, 0, 1.0)
+
+
+def test_stalled_run_is_not_held_though_the_naive_figure_would_hold() -> None:
+    """The corrected p99 of the stalled run is over the bound: the run does not hold, though
+    every entry completed and the naive p99 is 1 ms."""
+    t0, sent, done = stalled_run(stall_ms=300)
+    st = window_stats(t0, 1_000, done, 0, 1_000, grace_ns=20 * MS, end_ns=done[-1])
+    p99 = sorted(st.latencies_ns)[989] / MS
+    assert not judge(st.offered, st.completed, p99).holds
+    naive_p99 = sorted(naive_latencies_ns(sent, done, 0, 1_000))[989] / MS
+    assert judge(st.offered, st.completed, naive_p99).holds
+
+
+# -- the ladder ---------------------------------------------------------------------------------
+def test_ladder_stops_each_system_at_its_first_failure() -> None:
+    limits = {"a": 5_000, "b": 15_000}  # the highest rate each holds
+    calls: list[tuple[str, int]] = []
+
+    def measure(system: str, rate: int) -> dict[str, Any]:
+        calls.append((system, rate))
+        return {"rate": rate, "holds": rate <= limits[system]}
+
+    runs = run_ladder(["a", "b"], ladder_rates(40_000), measure)
+    assert [r["rate"] for r in runs["a"]] == [1_000, 2_000, 5_000, 10_000]
+    assert [r["rate"] for r in runs["b"]] == [1_000, 2_000, 5_000, 10_000, 15_000, 20_000]
+    assert highest_held(runs["a"]) == 5_000 and highest_held(runs["b"]) == 15_000
+    # Alternation, the order flipped at each rate; b climbs alone after a's failure.
+    assert calls[:8] == [("a", 1_000), ("b", 1_000), ("b", 2_000), ("a", 2_000), ("a", 5_000), ("b", 5_000),
+                         ("b", 10_000), ("a", 10_000)]
+    assert calls[8:] == [("b", 15_000), ("b", 20_000)]
+
+
+def test_ladder_that_never_fails_ends_at_the_last_rate_and_one_that_never_holds() -> None:
+    runs = run_ladder(["a", "b"], [1_000, 2_000], lambda s, r: {"rate": r, "holds": s == "a"})
+    assert [r["rate"] for r in runs["a"]] == [1_000, 2_000]
+    assert [r["rate"] for r in runs["b"]] == [1_000]
+    assert highest_held(runs["b"]) is None
+
+
+# -- HdrHistogram -------------------------------------------------------------------------------
+def test_latency_summary_percentiles() -> None:
+    pytest.importorskip("hdrh", reason="the bench extra (hdrhistogram) is not installed")
+    from _openloop_stats import latency_summary
+
+    values = [i * MS // 10 for i in range(1, 1001)]  # 0.1 .. 100 ms
+    s = latency_summary(values)
+    assert s["count"] == 1000
+    assert s["p50_ms"] == pytest.approx(50.0, rel=0.002)
+    assert s["p99_ms"] == pytest.approx(99.0, rel=0.002)
+    assert s["p999_ms"] == pytest.approx(99.9, rel=0.002)
+    assert s["max_ms"] == pytest.approx(100.0, rel=0.002)
+    assert latency_summary([])["count"] == 0
+
+
+# -- the generator loop -------------------------------------------------------------------------
+class _HeldTarget:
+    """Appends whose confirmations wait until release(): the system under test has stalled."""
+
+    def __init__(self) -> None:
+        self.futures: list[Any] = []
+
+    async def send(self, payload: bytes) -> Any:
+        import asyncio
+
+        fut = asyncio.get_running_loop().create_future()
+        self.futures.append((fut, payload))
+        return fut
+
+    def release(self) -> None:
+        for fut, _ in self.futures:
+            fut.set_result(None)
+
+
+def test_generator_keeps_its_schedule_while_nothing_is_confirmed() -> None:
+    """Open loop: the generator sends every entry at (never before) its intended time even
+    though no append has been confirmed, each entry carrying its intended time and index;
+    confirmations arriving later are recorded after the send."""
+    import asyncio
+    import time
+    from array import array
+
+    from _openloop_workers import drive, run_async
+
+    rate, n = 2_000, 200
+    target = _HeldTarget()
+    done, sent = array("q", bytes(8 * n)), array("q", bytes(8 * n))
+    marked: list[int] = []
+
+    async def main() -> tuple[int, int]:
+        t0 = time.monotonic_ns() + 5 * MS
+        errors = await drive(target, rate, t0, n, 64, done, sent, {50: lambda: marked.append(time.monotonic_ns())})
+        assert all(d == NOT_DONE for d in done)  # nothing confirmed, yet all sent
+        target.release()
+        await asyncio.sleep(0)  # the done-callbacks run
+        return t0, errors
+
+    t0, errors = run_async(main())
+    assert errors == 0 and len(target.futures) == n
+    for i, (_, payload) in enumerate(target.futures):
+        assert sent[i] >= intended_ns(t0, i, rate)
+        assert int.from_bytes(payload[:8], "little") == intended_ns(t0, i, rate)
+        assert int.from_bytes(payload[8:16], "little") == i and len(payload) == 64
+        assert done[i] >= sent[i]
+    assert len(marked) == 1 and intended_ns(t0, 50, rate) <= marked[0] <= sent[50]
