@@ -198,10 +198,11 @@ class KeyExistsError(MetadataVersionError):
 class BadRequestError(ZbkError):
     """A malformed request, frame or argument.
 
-    Raised by the client for arguments out of range: E, WQ and AQ not in
-    ``64 >= E >= WQ >= AQ >= 1``, an unknown digest, a password or custom metadata too
-    large, the reserved custom metadata key ``zbk.placement``, a negative ledger id. Fix
-    the call; retrying it unchanged fails again.
+    Raised by the client for bad arguments: E, WQ and AQ not in
+    ``64 >= E >= WQ >= AQ >= 1``, an unknown digest, a password that is not bytes,
+    custom metadata that is not str to bytes, either too large, the reserved custom
+    metadata key ``zbk.placement``, a negative ledger id. Fix the call; retrying it
+    unchanged fails again.
     """
 
     code = "BAD_REQUEST"
@@ -274,8 +275,9 @@ class ConfigError(ZbkError):
     """A configuration file, key or value is invalid.
 
     Raised by ``BookKeeper(...)`` and ``AsyncBookKeeper(...)`` for an unknown keyword (the
-    message names the nearest field), a value of the wrong type or out of range, or a
-    malformed metadata URI. Fix the configuration.
+    message names the nearest field), a value of the wrong type or out of range, a
+    malformed metadata URI, or a sqlite file in a directory that does not exist. Fix the
+    configuration.
     """
 
     code = "CONFIG"

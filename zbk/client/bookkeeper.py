@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from zbk import limits
@@ -180,7 +180,8 @@ class AsyncBookKeeper:
             This client.
 
         Raises:
-            ConfigError: The metadata URI is malformed, or CURVE keys are missing.
+            ConfigError: The metadata URI is malformed or names a sqlite file in a directory
+                that does not exist, or CURVE keys are missing.
             MetadataUnavailableError: The metadata store cannot be opened or reached.
             MetadataError: The metadata store failed.
         """
@@ -250,21 +251,27 @@ class AsyncBookKeeper:
 
         Raises:
             BadRequestError: Not ``64 >= E >= WQ >= AQ >= 1``, an unknown digest, a
-                password over 1 KiB, custom metadata too large or using a reserved key.
+                password that is not bytes or is over 1 KiB, custom metadata that is not
+                str to bytes, is too large, or uses a reserved key.
             NotEnoughBookiesError: Fewer than E writable bookies meet the placement policy.
             MetadataError: The metadata store failed or cannot be reached.
         """
         ctx = self._ctx()
+        password = _as_bytes("password", password)
+        if custom_metadata is not None and not isinstance(custom_metadata, Mapping):
+            raise BadRequestError(f"custom_metadata must be a mapping of str to bytes, not "
+                                  f"{type(custom_metadata).__name__}")
         # The policy goes into the ledger's custom metadata (placement.POLICY_KEY), so that
         # whoever replaces its bookies later holds it to the same rules.
-        custom = ctx.placement.policy.record({k: bytes(v) for k, v in (custom_metadata or {}).items()})
+        custom = ctx.placement.policy.record({_as_text_key(k): _as_bytes(f"custom metadata {k!r}", v)
+                                              for k, v in (custom_metadata or {}).items()})
         bookies = await ctx.writable_bookies()
         chosen = ctx.placement.choose_ensemble(bookies, ensemble, write_quorum)
         md = LedgerMetadata(ledger_id=0, ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
-                            digest=digest, password=bytes(password), fragments=((0, tuple(chosen)),),
+                            digest=digest, password=password, fragments=((0, tuple(chosen)),),
                             custom_metadata=custom, ctime_ms=int(time.time() * 1000)).validate()
         md, version = await asyncio.to_thread(ctx.ledgers.create, md)
-        return LedgerHandle(ctx, md, version, bytes(password), deferred_sync=deferred_sync)
+        return LedgerHandle(ctx, md, version, password, deferred_sync=deferred_sync)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         """Open a ledger to read it.
@@ -292,16 +299,17 @@ class AsyncBookKeeper:
                 (a bookie in limbo); the ledger is not truncated on doubt.
             NotEnoughBookiesError: With recovery: an entry could not be written back to
                 enough bookies.
-            BadRequestError: A ledger id out of range.
+            BadRequestError: A ledger id out of range, or a password that is not bytes.
             MetadataError: The metadata store failed or cannot be reached.
         """
         ctx = self._ctx()
+        password = _as_bytes("password", password)
         if recovery:
-            md, version = await recover(ctx, ledger_id, bytes(password))
-            return ReadHandle(ctx, md, version, bytes(password))
+            md, version = await recover(ctx, ledger_id, password)
+            return ReadHandle(ctx, md, version, password)
         md, version = await ctx.read_metadata(ledger_id)
-        check_password(md, bytes(password))
-        handle = ReadHandle(ctx, md, version, bytes(password))
+        check_password(md, password)
+        handle = ReadHandle(ctx, md, version, password)
         if not md.is_closed:
             try:
                 await handle.read_last_add_confirmed()
@@ -374,3 +382,17 @@ class AsyncBookKeeper:
             return True
         except NoSuchLedgerError:
             return False
+
+
+def _as_bytes(what: str, value: object) -> bytes:
+    """``value`` as bytes; BadRequestError for anything else. ``bytes()`` itself would take a
+    str only with an encoding (TypeError) and an int as a count of zero bytes."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise BadRequestError(f"{what} must be bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
+def _as_text_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise BadRequestError(f"custom metadata keys must be str, not {type(key).__name__} ({key!r})")
+    return key

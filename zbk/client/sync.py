@@ -350,7 +350,8 @@ class BookKeeper:
 
         Raises:
             ConfigError: An unknown setting (the message names the nearest field), a value
-                of the wrong type, settings that are invalid together, or a malformed URI.
+                of the wrong type, settings that are invalid together, a malformed URI, or
+                a sqlite file in a directory that does not exist.
             MetadataUnavailableError: The metadata store cannot be opened or reached.
             MetadataError: The metadata store failed.
         """
@@ -394,7 +395,8 @@ class BookKeeper:
 
         Raises:
             BadRequestError: Not ``64 >= E >= WQ >= AQ >= 1``, an unknown digest, a
-                password over 1 KiB, custom metadata too large or using a reserved key.
+                password that is not bytes or is over 1 KiB, custom metadata that is not
+                str to bytes, is too large, or uses a reserved key.
             NotEnoughBookiesError: Fewer than E writable bookies meet the placement policy.
             MetadataError: The metadata store failed or cannot be reached.
         """
@@ -428,7 +430,7 @@ class BookKeeper:
                 (a bookie in limbo); the ledger is not truncated on doubt.
             NotEnoughBookiesError: With recovery: an entry could not be written back to
                 enough bookies.
-            BadRequestError: A ledger id out of range.
+            BadRequestError: A ledger id out of range, or a password that is not bytes.
             MetadataError: The metadata store failed or cannot be reached.
         """
         return SyncReadHandle(self._lt, self._lt.run(self._abk.open_ledger(ledger_id, password=password,
