@@ -20,6 +20,7 @@ from zbk import limits
 from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.client.handles import LedgerEntry, LedgerHandle, ReadHandle
 from zbk.config import ClientConfig
+from zbk.errors import ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 
 T = TypeVar("T")
@@ -30,14 +31,21 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="zbk-client", daemon=True)
         self.thread.start()
+        # Set by stop(): a call on a closed client is a typed error, not asyncio's
+        # RuntimeError from the closed loop (or, for append_async, a future never completed).
+        self.closed = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return self.submit(coro).result()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self.closed:
+            coro.close()
+            raise ZbkError("the client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
+        self.closed = True
         # Cancel what is still running (a tail's long poll, an advisory write-close) so that
         # nothing is destroyed pending when the loop goes away.
         with contextlib.suppress(Exception):
@@ -198,7 +206,8 @@ class SyncReadHandle:
                 except StopAsyncIteration:
                     return
         finally:
-            self._lt.run(agen.aclose())
+            if not self._lt.closed:  # a closed client cancelled the generator's work already
+                self._lt.run(agen.aclose())
 
 
 class SyncLedgerHandle(SyncReadHandle):
@@ -244,7 +253,8 @@ class SyncLedgerHandle(SyncReadHandle):
             UnauthorizedError: A bookie refused the password (or the client's CURVE key).
             MetadataError: An ensemble change could not be recorded.
             NoSuchLedgerError: The ledger was deleted.
-            BookieUnavailableError: The client was closed.
+            BookieUnavailableError: The client was closed while the append was pending.
+            ZbkError: The client was closed before the call.
         """
         return self.append_async(payload).result()
 
@@ -263,6 +273,9 @@ class SyncLedgerHandle(SyncReadHandle):
             with recovery to know.
         """
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if self._lt.closed:
+            fut.set_exception(ZbkError("the client is closed"))
+            return fut
         with self._lock:
             self._queue.append((payload, fut))
             wake = not self._scheduled
@@ -335,7 +348,8 @@ class BookKeeper:
 
     It runs an `AsyncBookKeeper` on a background thread of its own; every call waits for
     its result there, and may be made from any thread. Use one client per process: its
-    handles share its connections.
+    handles share its connections. Once it is closed, every call on it or on its handles
+    raises `ZbkError` ("the client is closed").
     """
 
     def __init__(self, metadata_uri: str, *, config: ClientConfig | None = None, **kw: Any) -> None:
@@ -485,8 +499,11 @@ class BookKeeper:
 
         Open writers are not closed: their ledgers stay open until someone recovers them
         (close each writer first). Appends still pending fail with
-        `BookieUnavailableError`.
+        `BookieUnavailableError`. Closing a closed client does nothing; any other call on
+        it, or on its handles, raises `ZbkError`.
         """
+        if self._lt.closed:
+            return
         try:
             self._lt.run(self._abk.close())
         finally:
