@@ -16,12 +16,12 @@ from zbk.errors import ZbkError
 
 def test_calls_on_a_closed_client_raise_zbk_error(tmp_path: Path) -> None:
     bk = zbk.BookKeeper(f"sqlite:///{tmp_path}/meta.db")
-    assert list(bk.list_ledgers()) == []
+    assert list(bk.list_ledgers()) == [] and not bk.ledger_exists(1)
     bk.close()
     bk.close()  # again: nothing
     for call in (lambda: bk.list_ledgers(), lambda: bk.create_ledger(password=b"pw"),
                  lambda: bk.open_ledger(1, password=b"pw"), lambda: bk.ledger_metadata(1),
-                 lambda: bk.delete_ledger(1)):
+                 lambda: bk.delete_ledger(1), lambda: bk.ledger_exists(1)):
         with pytest.raises(ZbkError, match="the client is closed"):
             call()
     assert not bk._lt.thread.is_alive()  # its loop thread is gone

@@ -494,6 +494,21 @@ class BookKeeper:
         """
         return self._lt.run(self._abk.ledger_metadata(ledger_id))
 
+    def ledger_exists(self, ledger_id: int) -> bool:
+        """Whether a ledger has this id.
+
+        Args:
+            ledger_id: The ledger's id.
+
+        Returns:
+            True if its metadata exists.
+
+        Raises:
+            BadRequestError: A ledger id out of range.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
+        return self._lt.run(self._abk.ledger_exists(ledger_id))
+
     def close(self) -> None:
         """Close the connections and the metadata store, and stop the client's thread.
 
