@@ -1,10 +1,12 @@
-"""Every command line shown in README.md and docs/*.md runs, and so do README's Python
-examples (tests/docs/markdown.py says what a command line is; runner.py how they run).
+"""Every command line shown in README.md, docs/*.md and docs/guide/*.md runs, and so do
+the Python examples of README.md and of the guide pages (tests/docs/markdown.py says what a
+command line is; runner.py how they run).
 
-One test per document: its commands run in order in one workspace, against the cluster its
-own commands start (README's ``zbk sandbox`` stays up for the commands and the example
-after it). What cannot run as written is handled by the tables below, each entry with its
-reason; an entry that no longer matches any command fails ``test_every_table_entry_is_used``.
+One test per document: its commands and examples run in order in one workspace, against
+the cluster its own commands start (README's and each guide page's ``zbk sandbox`` stays up
+for the commands and examples after it). What cannot run as written is handled by the
+tables below, each entry with its reason; an entry that no longer matches any command fails
+``test_every_table_entry_is_used``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from docs.markdown import Snippet, commands, indented_commands, python_examples
 from docs.runner import DocRunner, Override, Policy, Workspace, report
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+GUIDE = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "guide").glob("*.md"))
+DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")), *GUIDE]
 # Documents whose Python examples run too (the others' examples are fragments for now).
-PYTHON_DOCS = frozenset({"README.md"})
+PYTHON_DOCS = frozenset({"README.md", *GUIDE})
 
 # Commands that cannot run inside the suite, by document and exact text.
 EXEMPT: dict[tuple[str, str], str] = {
@@ -39,6 +42,10 @@ OVERRIDES: tuple[Override, ...] = (
              "machine; --base-port 0 picks free ones, and the commands after it find the cluster "
              "through its metadata as they would on the default ports"),
     Override("README.md", r"--seconds 10\b", "--seconds 1", "the shortest bench run"),
+    *(Override(doc, r"zbk sandbox --data-dir \./zbk-sandbox$", r"\g<0> --base-port 0",
+               "as README's sandbox: free ports instead of the default ones, which another test may hold; "
+               "the page's examples find the cluster through its metadata")
+      for doc in ("docs/guide/getting-started.md", "docs/guide/client.md", "docs/guide/errors.md")),
     Override("docs/chaos.md", r"--minutes 30\b", "--minutes 0.75 --dir @ROOT@/chaos",
              "45 s of faults, the shortest run whose plan injects every kind of fault (tests/chaos "
              "checks the plans of 45 s), then the same healing and checks; its few hundred MB in "

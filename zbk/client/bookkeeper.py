@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from zbk import limits
@@ -132,11 +132,37 @@ class ClientContext:
 
 
 class AsyncBookKeeper:
+    """The asyncio client: ``async with zbk.AsyncBookKeeper(uri) as bk: ...``.
+
+    It creates, opens and deletes ledgers; the handles it returns append and read. Nothing
+    is connected until `start()` (or ``async with``): a call before raises `ZbkError`.
+    Every handle it returned stops working when it is closed. Use one client per process
+    and event loop: its handles share its connections, and the appends of all of them to
+    one bookie go out together.
+    """
+
     def __init__(self, metadata_uri: str | None = None, *, config: ClientConfig | None = None,
                  store: MetadataStore | None = None, transport: Transport | None = None,
                  rng: random.Random | None = None, **settings: Any) -> None:
-        """``settings``: any ClientConfig field by name (``add_timeout_ms=2000``), over those
-        of ``config``; an unknown name is a ConfigError naming the nearest field."""
+        """Make a client; `start()` connects it.
+
+        Args:
+            metadata_uri: The cluster's metadata store: ``sqlite:///abs/path/meta.db`` or
+                ``etcd://host:port[,host:port...]/scope``.
+            config: The client's settings; ``ClientConfig()`` (every default) if omitted.
+            store: An open metadata store to use instead of ``metadata_uri`` (tests, or a
+                process that shares one); the client then does not close it.
+            transport: The way to reach bookies; a ZeroMQ one by default (tests pass a
+                simulated one).
+            rng: The random source of placement; a fresh one by default.
+            **settings: Any ``ClientConfig`` field by name (``add_timeout_ms=2000``), over
+                those of ``config``.
+
+        Raises:
+            ConfigError: An unknown setting (the message names the nearest field), a value
+                of the wrong type, or settings that are invalid together.
+            BadRequestError: Neither ``metadata_uri`` nor ``store`` was given.
+        """
         if store is None and metadata_uri is None:
             raise BadRequestError("AsyncBookKeeper needs a metadata URI (or a store)")
         self.metadata_uri = metadata_uri
@@ -148,6 +174,17 @@ class AsyncBookKeeper:
         self.ctx: ClientContext | None = None
 
     async def start(self) -> AsyncBookKeeper:
+        """Open the metadata store and the connections to bookies (once; again is a no-op).
+
+        Returns:
+            This client.
+
+        Raises:
+            ConfigError: The metadata URI is malformed or names a sqlite file in a directory
+                that does not exist, or CURVE keys are missing.
+            MetadataUnavailableError: The metadata store cannot be opened or reached.
+            MetadataError: The metadata store failed.
+        """
         if self.ctx is None:
             store = self._store
             if store is None:
@@ -159,6 +196,12 @@ class AsyncBookKeeper:
         return self
 
     async def close(self) -> None:
+        """Close the connections and the metadata store; a no-op if not started.
+
+        Open writers are not closed: their ledgers stay open until someone recovers them
+        (close each writer first). Appends still pending fail with
+        `BookieUnavailableError`.
+        """
         if self.ctx is None:
             return
         ctx, self.ctx = self.ctx, None
@@ -186,28 +229,87 @@ class AsyncBookKeeper:
                             password: bytes = b"", digest: str = "crc32c",
                             custom_metadata: dict[str, bytes] | None = None,
                             deferred_sync: bool = False) -> LedgerHandle:
+        """Create a ledger on ``ensemble`` writable bookies and return its writer.
+
+        Args:
+            ensemble: E, the number of bookies the ledger's entries are spread over.
+            write_quorum: WQ, the number of bookies each entry is written to (<= E).
+            ack_quorum: AQ, the number of them that must acknowledge an entry before its
+                append completes (<= WQ).
+            password: The ledger's password: readers must give the same one. It keys the
+                digest when ``digest`` is ``"hmac"``.
+            digest: How each entry is checked: ``"crc32c"`` (default), ``"crc32"``,
+                ``"hmac"`` (HMAC-SHA256 keyed by the password: a forged entry fails too) or
+                ``"dummy"`` (no check).
+            custom_metadata: Names to bytes, stored with the ledger's metadata (64 KiB at
+                most; the key ``zbk.placement`` is reserved).
+            deferred_sync: Appends complete once AQ bookies have the entry, before it is on
+                disk; readers see it only after ``force()``.
+
+        Returns:
+            The writer of the new, open ledger.
+
+        Raises:
+            BadRequestError: Not ``64 >= E >= WQ >= AQ >= 1``, an unknown digest, a
+                password that is not bytes or is over 1 KiB, custom metadata that is not
+                str to bytes, is too large, or uses a reserved key.
+            NotEnoughBookiesError: Fewer than E writable bookies meet the placement policy.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         ctx = self._ctx()
+        password = _as_bytes("password", password)
+        if custom_metadata is not None and not isinstance(custom_metadata, Mapping):
+            raise BadRequestError(f"custom_metadata must be a mapping of str to bytes, not "
+                                  f"{type(custom_metadata).__name__}")
         # The policy goes into the ledger's custom metadata (placement.POLICY_KEY), so that
         # whoever replaces its bookies later holds it to the same rules.
-        custom = ctx.placement.policy.record({k: bytes(v) for k, v in (custom_metadata or {}).items()})
+        custom = ctx.placement.policy.record({_as_text_key(k): _as_bytes(f"custom metadata {k!r}", v)
+                                              for k, v in (custom_metadata or {}).items()})
         bookies = await ctx.writable_bookies()
         chosen = ctx.placement.choose_ensemble(bookies, ensemble, write_quorum)
         md = LedgerMetadata(ledger_id=0, ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
-                            digest=digest, password=bytes(password), fragments=((0, tuple(chosen)),),
+                            digest=digest, password=password, fragments=((0, tuple(chosen)),),
                             custom_metadata=custom, ctime_ms=int(time.time() * 1000)).validate()
         md, version = await asyncio.to_thread(ctx.ledgers.create, md)
-        return LedgerHandle(ctx, md, version, bytes(password), deferred_sync=deferred_sync)
+        return LedgerHandle(ctx, md, version, password, deferred_sync=deferred_sync)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> ReadHandle:
-        """With recovery (default): fence and recover, then read the closed ledger. Without:
-        read up to the LAC, never fencing (a tailing standby)."""
+        """Open a ledger to read it.
+
+        With recovery (the default) the ledger is fenced, so that its writer can add no
+        more entries, its last entry is settled from what the bookies hold, and it is
+        closed. Without recovery nothing changes for the writer: the handle reads up to
+        the last add confirmed and can follow the writer with ``tail()``.
+
+        Args:
+            ledger_id: The ledger's id.
+            password: The password the ledger was created with.
+            recovery: Fence and close the ledger (True), or only read it (False).
+
+        Returns:
+            A read handle; with recovery, of a closed ledger.
+
+        Raises:
+            NoSuchLedgerError: No ledger has this id.
+            UnauthorizedError: The password is not the ledger's (checked before anything
+                is sent: a wrong password fences nothing).
+            BookieUnavailableError: With recovery: fencing or a recovery read reached too
+                few bookies. The ledger may be left IN_RECOVERY; open it again later.
+            UnknownLedgerStateError: With recovery: whether an entry exists cannot be told
+                (a bookie in limbo); the ledger is not truncated on doubt.
+            NotEnoughBookiesError: With recovery: an entry could not be written back to
+                enough bookies.
+            BadRequestError: A ledger id out of range, or a password that is not bytes.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         ctx = self._ctx()
+        password = _as_bytes("password", password)
         if recovery:
-            md, version = await recover(ctx, ledger_id, bytes(password))
-            return ReadHandle(ctx, md, version, bytes(password))
+            md, version = await recover(ctx, ledger_id, password)
+            return ReadHandle(ctx, md, version, password)
         md, version = await ctx.read_metadata(ledger_id)
-        check_password(md, bytes(password))
-        handle = ReadHandle(ctx, md, version, bytes(password))
+        check_password(md, password)
+        handle = ReadHandle(ctx, md, version, password)
         if not md.is_closed:
             try:
                 await handle.read_last_add_confirmed()
@@ -216,20 +318,81 @@ class AsyncBookKeeper:
         return handle
 
     async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's metadata; bookies reclaim its entries by garbage collection.
+
+        No password is asked. A writer of the ledger fails at its next ensemble change or
+        close (`NoSuchLedgerError`).
+
+        Args:
+            ledger_id: The ledger's id.
+
+        Raises:
+            NoSuchLedgerError: No ledger has this id.
+            BadRequestError: A ledger id out of range.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         ctx = self._ctx()
         await asyncio.to_thread(ctx.ledgers.delete, ledger_id)
 
     async def list_ledgers(self) -> list[int]:
+        """Every ledger id, in increasing order.
+
+        Returns:
+            The ids of the ledgers whose metadata exists, open or closed.
+
+        Raises:
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         ctx = self._ctx()
         return await asyncio.to_thread(lambda: list(ctx.ledgers.list_ids()))
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        """A ledger's metadata, read from the store (no password asked).
+
+        Args:
+            ledger_id: The ledger's id.
+
+        Returns:
+            Its metadata: quorums, state, last entry, length, fragments, custom metadata.
+
+        Raises:
+            NoSuchLedgerError: No ledger has this id.
+            CorruptMetadataError: The stored metadata does not decode.
+            BadRequestError: A ledger id out of range.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         md, _ = await self._ctx().read_metadata(ledger_id)
         return md
 
     async def ledger_exists(self, ledger_id: int) -> bool:
+        """Whether a ledger has this id.
+
+        Args:
+            ledger_id: The ledger's id.
+
+        Returns:
+            True if its metadata exists.
+
+        Raises:
+            BadRequestError: A ledger id out of range.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         try:
             await self.ledger_metadata(ledger_id)
             return True
         except NoSuchLedgerError:
             return False
+
+
+def _as_bytes(what: str, value: object) -> bytes:
+    """``value`` as bytes; BadRequestError for anything else. ``bytes()`` itself would take a
+    str only with an encoding (TypeError) and an int as a count of zero bytes."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise BadRequestError(f"{what} must be bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
+def _as_text_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise BadRequestError(f"custom metadata keys must be str, not {type(key).__name__} ({key!r})")
+    return key

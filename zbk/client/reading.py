@@ -38,6 +38,16 @@ NO_FLAGS = ReadFlag(0)
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
+    """One entry as a read returns it, its digest checked.
+
+    Attributes:
+        ledger_id: The ledger it belongs to.
+        entry_id: Its id: 0 for the first entry of the ledger, then one more per entry.
+        payload: The bytes the writer appended.
+        ledger_length: The payload bytes of entries ``0..entry_id`` together, as the writer
+            counted them (from the entry's header).
+    """
+
     ledger_id: int
     entry_id: int
     payload: bytes
@@ -45,14 +55,29 @@ class LedgerEntry:
 
 
 class ReadHandle:
-    """Reads a ledger. Opened with recovery it is closed; without, it reads up to the LAC it
-    learns from the bookies and can tail the ledger until it closes."""
+    """Reads a ledger (asyncio); ``AsyncBookKeeper.open_ledger`` returns one.
+
+    Opened with recovery the ledger is closed and every entry up to its last is readable.
+    Opened without, it reads up to the last add confirmed (LAC) it learns from the bookies,
+    and can follow the writer with `tail` until the ledger closes.
+
+    Attributes:
+        ledger_id: The ledger's id.
+    """
 
     # Slots, not a __dict__: a client may hold 10,000 open handles, and a write touches its
     # handle's fields several times per entry.
     __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes) -> None:
+        """A handle on a ledger; `AsyncBookKeeper` makes handles, applications do not.
+
+        Args:
+            ctx: What the client's handles share: transport, metadata store, settings.
+            md: The ledger's metadata.
+            version: Its version in the metadata store (for compare-and-set).
+            password: The ledger's password.
+        """
         self.ctx = ctx
         self.md = md
         self.version = version
@@ -65,17 +90,33 @@ class ReadHandle:
     # -- state ------------------------------------------------------------------------------
     @property
     def is_closed(self) -> bool:
+        """Whether the ledger was closed, as far as this handle's metadata knows."""
         return self.md.is_closed
 
     @property
     def last_add_confirmed(self) -> int:
+        """The last add confirmed (LAC) this handle knows, -1 before the first entry.
+
+        Entries ``0..last_add_confirmed`` are readable. Of a closed ledger it is the last
+        entry. It does not ask the bookies: `read_last_add_confirmed` does.
+        """
         return self.lac
 
     @property
     def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this handle last read it (or wrote it, for a writer)."""
         return self.md
 
     async def refresh_metadata(self) -> LedgerMetadata:
+        """Read the ledger's metadata again from the store (to notice a close, say).
+
+        Returns:
+            The current metadata; of a closed ledger, the LAC becomes its last entry.
+
+        Raises:
+            NoSuchLedgerError: The ledger was deleted.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         self.md, self.version = await self.ctx.read_metadata(self.ledger_id)
         if self.md.is_closed:
             self.lac = self.md.last_entry_id
@@ -83,7 +124,19 @@ class ReadHandle:
 
     # -- LAC --------------------------------------------------------------------------------
     async def read_last_add_confirmed(self) -> int:
-        """The highest LAC any bookie of the last ensemble reports (the last entry if closed)."""
+        """Ask the bookies of the last ensemble for their LAC and keep the highest.
+
+        A bookie learns the LAC from the adds (each carries the writer's LAC when it was
+        built, so it lags one entry behind) and from explicit LAC
+        (``explicit_lac_interval_ms``).
+
+        Returns:
+            The highest LAC any of them reports, or this handle's if higher; the last entry
+            of a closed ledger, without asking.
+
+        Raises:
+            BookieUnavailableError: No bookie of the last ensemble answered.
+        """
         if self.md.is_closed:
             return self.lac
         ensemble = self.md.last_ensemble
@@ -106,7 +159,24 @@ class ReadHandle:
 
     # -- reads --------------------------------------------------------------------------------
     async def read_entry(self, entry_id: int, *, flags: ReadFlag = NO_FLAGS) -> LedgerEntry:
-        """One entry from its write set (speculative reads, digest checked)."""
+        """Read one entry from the bookies of its write set, without checking the LAC.
+
+        The replicas are asked in order; after ``speculative_read_ms`` without an answer the
+        next one is asked too. A copy that fails its digest check is skipped.
+
+        Args:
+            entry_id: The entry's id.
+            flags: Wire read flags (recovery uses ``ReadFlag.FENCE``); none for a plain read.
+
+        Returns:
+            The entry.
+
+        Raises:
+            NoSuchEntryError: Every replica said it lacks the entry.
+            UnknownLedgerStateError: A replica in limbo (BP-46) may have lost it.
+            BookieUnavailableError: No replica answered with a good copy.
+            UnauthorizedError: A bookie refused the password.
+        """
         ws = self._read_order(entry_id)
         errors: dict[str, Status | str] = {}
         spec = self.ctx.speculative_read_s
@@ -177,8 +247,25 @@ class ReadHandle:
         return self.md.last_entry_id if self.md.is_closed else self.lac
 
     async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
-        """Entries ``first..last`` inclusive, in order. Beyond the LAC (or the last entry of
-        a closed ledger) is NoSuchEntryError: unconfirmed entries are never returned."""
+        """Read entries ``first..last`` inclusive, in order (an async iterator).
+
+        Only confirmed entries are returned: when ``last`` is beyond the LAC this handle
+        knows, the bookies are asked for theirs first.
+
+        Args:
+            first: The first entry id (>= 0).
+            last: The last entry id (>= ``first``).
+
+        Yields:
+            The entries, each digest-checked.
+
+        Raises:
+            NoSuchEntryError: A bad range, ``last`` beyond the LAC (or the last entry of a
+                closed ledger), or an entry that no replica has.
+            UnknownLedgerStateError: A replica in limbo (BP-46) may have lost an entry.
+            BookieUnavailableError: No replica of an entry answered with it.
+            UnauthorizedError: A bookie refused the password.
+        """
         if first < 0 or last < first:
             raise NoSuchEntryError(f"ledger {self.ledger_id}: bad range {first}..{last}")
         end = self._readable_end()
@@ -198,18 +285,23 @@ class ReadHandle:
         may yet truncate the ledger before it: a reader that acts on one must accept that.
         Entries up to the LAC are confirmed and read as ``read()`` reads them.
 
-        :param first: the first entry id wanted (>= 0).
-        :param last: the last entry id wanted (>= ``first``); of a closed ledger, entries past
-            its last entry are never returned (they were truncated by its close).
-        :returns: an async iterator over the entries from ``first`` that the bookies hold,
-            one after the other: it ends early, before ``last``, at the first entry beyond
-            the LAC that every replica of its write set says it lacks (the writer may not
-            have sent it yet). It may end before yielding anything.
-        :raises NoSuchEntryError: a bad range, or an entry up to the LAC that no replica has.
-        :raises BookieUnavailableError: an entry's replicas neither returned it nor all
-            said that they lack it (some did not answer): whether it exists is unknown.
-        :raises UnknownLedgerStateError: a replica in limbo (BP-46) may have lost it.
-        :raises UnauthorizedError: a bookie refused the password.
+        Args:
+            first: The first entry id wanted (>= 0).
+            last: The last entry id wanted (>= ``first``); of a closed ledger, entries past
+                its last entry are never returned (they were truncated by its close).
+
+        Yields:
+            The entries from ``first`` that the bookies hold, one after the other. It ends
+            early, before ``last``, at the first entry beyond the LAC that every replica of
+            its write set says it lacks (the writer may not have sent it yet); it may end
+            before yielding anything.
+
+        Raises:
+            NoSuchEntryError: A bad range, or an entry up to the LAC that no replica has.
+            BookieUnavailableError: An entry's replicas neither returned it nor all said
+                that they lack it (some did not answer): whether it exists is unknown.
+            UnknownLedgerStateError: A replica in limbo (BP-46) may have lost it.
+            UnauthorizedError: A bookie refused the password.
         """
         if first < 0 or last < first:
             raise NoSuchEntryError(f"ledger {self.ledger_id}: bad range {first}..{last}")
@@ -303,10 +395,34 @@ class ReadHandle:
         """Follow the ledger: yield every entry from ``start`` as it becomes confirmed, and
         stop after the last entry once the ledger is closed.
 
-        A long poll's answer carries the entries from the polled LAC + 1 up to the bookie's
-        LAC that it holds: those are yielded as they came, so a reader keeping up with the
+        With nothing new to read it long-polls a bookie of the last ensemble, and it reads
+        the metadata again at most once a second to notice a close. A bookie that does not
+        answer a poll is left for the next one of the ensemble, without an error. A long
+        poll's answer carries the entries from the polled LAC + 1 up to the bookie's LAC
+        that it holds: those are yielded as they came, so a reader keeping up with the
         writer needs one request per new LAC, not a poll and then a read. Only what the
-        answer lacks (another bookie's stripe, a bad copy) is read afterwards."""
+        answer lacks (another bookie's stripe, a bad copy) is read afterwards.
+
+        The bookies learn the LAC from the writer's next add (or its close): the last entry
+        of an idle writer shows up only then, unless the writer's client sends explicit
+        LACs (``explicit_lac_interval_ms``).
+
+        Args:
+            start: The first entry id to yield.
+            poll_timeout_ms: How long a bookie holds a long poll before answering that
+                nothing new came.
+
+        Yields:
+            The entries from ``start`` in order, each once.
+
+        Raises:
+            NoSuchEntryError: An entry up to the LAC that no replica has.
+            UnknownLedgerStateError: A replica in limbo (BP-46) may have lost an entry.
+            BookieUnavailableError: No replica of an entry up to the LAC answered with it.
+            UnauthorizedError: A bookie refused the password.
+            NoSuchLedgerError: The ledger was deleted while being followed.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         nxt = start
         bookie_i = 0
         last_md_check = 0.0

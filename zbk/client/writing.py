@@ -20,6 +20,7 @@ from zbk.errors import (
     LedgerFencedError,
     MetadataVersionError,
     NotEnoughBookiesError,
+    TooManyRequestsError,
     UnauthorizedError,
     ZbkError,
     error_for_status,
@@ -54,7 +55,15 @@ class _Add:
 
 
 class LedgerHandle(ReadHandle):
-    """The single writer of a ledger (also readable up to its own LAC)."""
+    """The single writer of a ledger (asyncio); ``AsyncBookKeeper.create_ledger`` returns one.
+
+    It is also a `ReadHandle`: entries up to its own LAC can be read through it.
+    Appends are pipelined: each returns at once with a future, many can be in flight, and
+    the futures complete in entry order. When a bookie fails, the handle replaces it (an
+    ensemble change) and sends the pending entries again; the application sees a failure
+    only when no replacement is possible, or when another client fenced the ledger. A
+    failed handle stays failed: every later call raises the same error.
+    """
 
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
                  "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
@@ -63,6 +72,18 @@ class LedgerHandle(ReadHandle):
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:
+        """A writer; `AsyncBookKeeper.create_ledger` makes them, applications do not.
+
+        Args:
+            ctx: What the client's handles share: transport, metadata store, settings.
+            md: The ledger's metadata.
+            version: Its version in the metadata store (for compare-and-set).
+            password: The ledger's password.
+            recovery: Write recovery adds (ledger recovery and re-replication), which
+                fenced bookies accept.
+            deferred_sync: Confirm appends before they are on disk (``force()`` makes
+                them durable).
+        """
         super().__init__(ctx, md, version, password)
         self.recovery = recovery  # recovery adds (used by ledger recovery and re-replication)
         # DEFERRED_SYNC: appends complete once AQ bookies have them (not yet fsynced); the LAC,
@@ -104,13 +125,37 @@ class LedgerHandle(ReadHandle):
 
     # -- appending ----------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future[int]:
-        """Queue ``payload``; the future completes with its entry id once confirmed (in order)."""
+        """Queue ``payload`` as the ledger's next entry; it is sent within this event-loop turn.
+
+        Not a coroutine: the entry id is taken at the call, so entries follow call order
+        whatever the caller awaits. ``await lh.append(p)`` waits for the confirmation;
+        collecting the futures and awaiting them later pipelines the appends.
+
+        Args:
+            payload: The entry's bytes.
+
+        Returns:
+            A future that completes with the entry's id once AQ bookies of its write set
+            have it and every earlier entry is confirmed; futures complete in entry order.
+            It fails with `LedgerFencedError`, `NotEnoughBookiesError`, `UnauthorizedError`,
+            a `MetadataError` (an ensemble change could not be recorded),
+            `NoSuchLedgerError` (the ledger was deleted), or `BookieUnavailableError` (the
+            client was closed). A failed future leaves it unknown whether the entry is
+            stored: open the ledger with recovery to know.
+
+        Raises:
+            LedgerClosedError: The handle was closed, or the ledger is full.
+            TooManyRequestsError: ``pending_adds_max`` appends are already unconfirmed.
+            ZbkError: The handle failed earlier: its error, raised again.
+        """
         if self.failed is not None:
             raise self.failed
         if self.closing or self.md.is_closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if len(self.pending) >= self.ctx.config.pending_adds_max:
-            raise ZbkError(f"ledger {self.ledger_id}: more than {self.ctx.config.pending_adds_max} adds pending")
+            # Backpressure: typed, so that a caller can tell "wait and append again" from a failure.
+            raise TooManyRequestsError(f"ledger {self.ledger_id}: {self.ctx.config.pending_adds_max} adds pending "
+                                       "(pending_adds_max)")
         if self.next_entry_id > limits.entry_id_max:
             raise LedgerClosedError(f"ledger {self.ledger_id} is full ({limits.entry_id_max + 1} entries)")
         size = len(payload)
@@ -282,10 +327,14 @@ class LedgerHandle(ReadHandle):
             ev.set()
 
     async def wait_drained(self) -> None:
-        """Until no add is pending (each confirmed or failed) and no ensemble change is under
-        way: a change started by a bookie failing after its entries reached AQ elsewhere (WQ >
+        """Wait until no append is pending (each confirmed or failed) and no ensemble change
+        is under way.
+
+        A change started by a bookie failing after its entries reached AQ elsewhere (WQ >
         AQ) must land before the close, or the ledger closes with the failed bookie in its
-        last ensemble and the change then fails against the closed metadata."""
+        last ensemble and the change then fails against the closed metadata. It raises
+        nothing: the appends' futures carry their failures.
+        """
         while self.pending or self._changing:
             ev = self._drain_event
             if ev is None:
@@ -384,8 +433,20 @@ class LedgerHandle(ReadHandle):
 
     # -- closing ------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Wait for pending adds, then close the ledger at its LAC by CAS; send the advisory
-        WRITE_CLOSE (BP-32) to the ensemble without waiting."""
+        """Wait for the pending appends, then close the ledger at its LAC.
+
+        The close is a compare-and-set of the ledger's metadata: readers then see the
+        ledger's final length. The advisory WRITE_CLOSE (BP-32) goes to the ensemble
+        without waiting. Closing a closed handle does nothing. A ``deferred_sync`` ledger is
+        made durable (`force`) first.
+
+        Raises:
+            LedgerFencedError: Another client fenced the ledger (it closes it itself).
+            ZbkError: The handle failed earlier: the error it failed with
+                (`NotEnoughBookiesError`, `UnauthorizedError`...).
+            BookieUnavailableError: ``force()`` of a ``deferred_sync`` ledger failed.
+            MetadataError: The metadata store failed or cannot be reached.
+        """
         if self.md.is_closed:
             return
         self.closing = True
@@ -414,10 +475,19 @@ class LedgerHandle(ReadHandle):
         self.ctx.send_write_close(self.md, self.master_key)
 
     async def force(self) -> int:
-        """Make every entry confirmed so far durable (FORCE_LEDGER to the bookies that hold
-        them) and advance the LAC to it. A no-op for ledgers written without DEFERRED_SYNC,
-        whose entries are durable when confirmed. Raises if any of those bookies fails; the
-        LAC then stays where it was."""
+        """Make every entry confirmed so far durable and advance the LAC to it.
+
+        For ledgers created with ``deferred_sync=True``, whose appends complete once AQ
+        bookies have the entry in memory: FORCE_LEDGER goes to the bookies that hold them.
+        A no-op for other ledgers, whose entries are durable when confirmed.
+
+        Returns:
+            The LAC after the call.
+
+        Raises:
+            BookieUnavailableError: A bookie did not make them durable; the LAC then stays
+                where it was.
+        """
         target = self.last_confirmed
         if not self.deferred_sync or target <= self.lac:
             return self.lac

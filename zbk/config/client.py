@@ -12,6 +12,44 @@ from zbk.errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig:
+    """Every setting of a client (``zbk.BookKeeper``, ``zbk.AsyncBookKeeper``), also of the
+    auditor's and replicators' own connections.
+
+    Give the fields as keywords to either client, ``zbk.BookKeeper(uri,
+    add_timeout_ms=2000)``, or as ``config=ClientConfig(...)``, or both (a keyword wins).
+    Frozen: ``dataclasses.replace`` makes a changed copy.
+
+    Attributes:
+        add_timeout_ms: A bookie that has not acknowledged an add within this many
+            milliseconds counts as failed: the writer replaces it (an ensemble change).
+        read_timeout_ms: A bookie that has not answered a read within this many
+            milliseconds counts as failed for that read.
+        speculative_read_ms: After this many milliseconds without an answer a read also
+            asks the entry's next replica.
+        pending_adds_max: Appends of one ledger that may be unconfirmed at once; one more
+            raises `TooManyRequestsError` (backpressure, and a bound on memory).
+        add_request_entries_max: Entries per add request to a bookie (1 to 4,096).
+        ensemble_change_attempts_max: Ensemble changes a writer makes without confirming
+            an entry before it fails with `NotEnoughBookiesError`.
+        heartbeat_timeout_ms: A bookie whose connection stays silent this many
+            milliseconds counts as failed at once, without waiting for a timeout; 0: no
+            heartbeats.
+        explicit_lac_interval_ms: An idle writer sends its LAC to its bookies after this
+            many milliseconds, so that readers see its last entry; 0 (default): off; on
+            means at least 10.
+        min_racks_per_write_quorum: Each write set spans at least this many racks (or WQ,
+            if fewer), as far as the bookies allow.
+        enforce_min_racks_per_write_quorum: Fail with `NotEnoughBookiesError` rather than
+            place a ledger on fewer racks than ``min_racks_per_write_quorum``.
+        isolation_groups: When not empty, only bookies of these groups hold this client's
+            ledgers.
+        curve_server_keys_dir: A directory of the bookies' CURVE public keys
+            (``<host>_<port>.key``, or ``server.key`` for all).
+        curve_server_public_key_file: One CURVE public key for every bookie.
+        curve_secret_key_file: This client's CURVE key pair (``zbk keygen``); set, it turns
+            CURVE on, and needs one of the two above.
+    """
+
     add_timeout_ms: int = limits.client_add_timeout_ms_default
     read_timeout_ms: int = limits.client_read_timeout_ms_default
     speculative_read_ms: int = limits.client_speculative_read_ms_default
@@ -33,6 +71,14 @@ class ClientConfig:
     curve_secret_key_file: str = ""  # this client's key pair (zbk keygen); enables CURVE
 
     def validate(self) -> ClientConfig:
+        """Check every field and the fields together (both clients call it).
+
+        Returns:
+            This config, unchanged.
+
+        Raises:
+            ConfigError: A value out of range, or CURVE settings that do not go together.
+        """
         positive("add_timeout_ms", self.add_timeout_ms)
         positive("read_timeout_ms", self.read_timeout_ms)
         positive("speculative_read_ms", self.speculative_read_ms)

@@ -45,6 +45,29 @@ _ALLOWED = {
 
 @dataclass(frozen=True, slots=True)
 class LedgerMetadata:
+    """A ledger's metadata, as stored (``BookKeeper.ledger_metadata``, a handle's ``metadata``).
+
+    Immutable: a change makes a new copy, written by compare-and-set on the version.
+
+    Attributes:
+        ledger_id: The ledger's id.
+        ensemble_size: E, the number of bookies of each fragment.
+        write_quorum: WQ, the number of bookies each entry is written to.
+        ack_quorum: AQ, the number that acknowledged an entry before it was confirmed.
+        digest: The entries' digest: ``crc32``, ``crc32c``, ``hmac`` or ``dummy``.
+        password: The ledger's password (kept so that auto-recovery can write recovery adds).
+        state: ``OPEN``, ``IN_RECOVERY`` (being recovered) or ``CLOSED``.
+        last_entry_id: The last entry's id once ``CLOSED`` (-1: empty); -1 before.
+        length: The payload bytes of all entries once ``CLOSED``; 0 before.
+        fragments: ``(first entry id, ensemble)`` pairs in increasing first id: entries
+            from each first id on are on that fragment's bookies (an ensemble change adds
+            a fragment).
+        custom_metadata: The names and bytes the creator stored with the ledger.
+        ctime_ms: The creation time, in milliseconds since the epoch.
+        creator_token: Random bytes that let a creator recognise its own create after a
+            lost reply.
+    """
+
     ledger_id: int
     ensemble_size: int
     write_quorum: int
@@ -62,10 +85,12 @@ class LedgerMetadata:
     # -- the names API.md gives to users ------------------------------------------------
     @property
     def ensembles(self) -> dict[int, list[str]]:
+        """The fragments as a dict: first entry id -> the bookies from there on."""
         return {first: list(bookies) for first, bookies in self.fragments}
 
     @property
     def is_closed(self) -> bool:
+        """Whether the state is ``CLOSED``: the entries and the end never change again."""
         return self.state == "CLOSED"
 
     # -- derived views --------------------------------------------------------------------
@@ -127,6 +152,7 @@ class LedgerMetadata:
 
     @property
     def last_ensemble(self) -> tuple[str, ...]:
+        """The bookies of the last fragment (where new entries go)."""
         return self.fragments[-1][1]
 
     def all_bookies(self) -> set[str]:

@@ -21,7 +21,14 @@ __all__ = ["ZbkDataSource", "register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("zbk")`` available in ``spark`` (batch reads, streaming reads, writes)."""
+    """Make ``format("zbk")`` available in ``spark`` (batch reads, streaming reads, writes).
+
+    A ``format("zbk")`` write without an explicit ``mode(...)`` then appends (Spark's
+    default mode is refused for every Python data source).
+
+    Args:
+        spark: The session to register the data source in.
+    """
     spark.dataSource.register(ZbkDataSource)
     _default_to_append()
 
