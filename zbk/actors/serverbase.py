@@ -132,6 +132,9 @@ class ServerBase:
         self.adds: dict[int, PendingAdd] = {}
         self.meta_waiters: dict[int, PendingRead] = {}
         self.reads: dict[int, PendingRead] = {}
+        # Reads of fenced ledgers that wait for adds admitted before the fence to be appended
+        # (zbk/actors/serverreads.py, _start_read).
+        self.fenced_reads: list[PendingRead] = []
         self.disk_usage = (0, 0)
         self.polling: set[int] = set()  # ledgers with long-poll waiters
         self.pending_requests_max = pending_requests_max
@@ -254,7 +257,7 @@ class ServerBase:
     @property
     def in_flight(self) -> int:
         """Requests accepted and not yet answered (waiting for another actor, or polling)."""
-        return len(self.adds) + len(self.reads) + len(self.meta_waiters) + self.long_polls
+        return len(self.adds) + len(self.reads) + len(self.meta_waiters) + self.long_polls + len(self.fenced_reads)
 
     def _overloaded(self, req: Any) -> bool:
         if self.in_flight >= self.pending_requests_max:

@@ -85,6 +85,15 @@ class ServerReads(ServerBase):
     def _start_read(self, ident: bytes, req: w.ReadRequest, started: float) -> None:
         lid = req.ledger_id
         state = self.ledgers.get(lid)
+        if state is not None and state.fenced and self._appending(lid):
+            # An add admitted before the fence is acknowledged once it is appended and
+            # synced, fence or not. A read answered before it is appended would tell a
+            # recoverer the entry is not here (an explicit negative) and let it close the
+            # ledger below an entry this bookie then acknowledges. So the reads of a fenced
+            # ledger wait for its adds in flight; the fence admits no new ones but recovery
+            # adds, so the wait ends.
+            self.fenced_reads.append(PendingRead(ident, req, started))
+            return
         first, count = req.first_entry_id, req.count
         if req.flags & w.ReadFlag.LONG_POLL:
             first = req.previous_lac + 1
@@ -101,6 +110,22 @@ class ServerReads(ServerBase):
         self.reads[ctx] = PendingRead(ident, req, started)
         self._to_index(Lookup(ctx, lid, first, count, limits.read_response_bytes_max,
                               sparse=bool(req.flags & w.ReadFlag.SPARSE)))
+
+    def _appending(self, lid: int) -> bool:
+        """Whether an add of ``lid`` is admitted and not yet appended (a scan of the adds in
+        flight: only reads of fenced ledgers, which recovery makes, ask)."""
+        for p in self.adds.values():
+            if p.appended:
+                continue
+            if p.ledger_id == lid or (p.parts is not None and any(part[1] == lid for part in p.parts)):
+                return True
+        return False
+
+    def _start_fenced_reads(self) -> None:
+        """Start the reads that waited for adds in flight (those still waiting wait on)."""
+        waiting, self.fenced_reads = self.fenced_reads, []
+        for r in waiting:
+            self._start_read(r.ident, r.req, r.started)
 
     def _on_read_result(self, msg: ReadResult, now: float) -> None:
         p = self.reads.pop(msg.ctx)
