@@ -196,8 +196,33 @@ class ServerAdds(ServerReads):
                 p.failed = Status.EREADONLY
         else:
             self._hold_put(msg)
+            self._raise_lacs(p, now)
         p.appended = True
         self._maybe_complete_add(msg.batch_id, p, now)
+        if self.fenced_reads:
+            self._start_fenced_reads()
+
+    def _raise_lacs(self, p: PendingAdd, now: float) -> None:
+        """Raise each ledger's LAC to the one its entries carry, as soon as they are appended.
+
+        That LAC is the writer's: every entry up to it was acknowledged by an ack quorum
+        already, so it does not wait for this add's own fsync. A tailing reader's long poll
+        is answered one group commit sooner. The entries up to it that this bookie holds
+        came before this add on the writer's connection, so they are appended too, and a
+        read finds them (reads go behind the held index updates); one it lacks, the reader
+        takes from another replica."""
+        ledgers = self.ledgers
+        if p.parts is None:
+            state = ledgers.get(p.ledger_id)
+            if state is not None and p.max_lac > state.lac:
+                self._advance_lac(p.ledger_id, state, p.max_lac, now)
+            return
+        for _, lid, _, max_lac in p.parts:
+            state = ledgers.get(lid)
+            if state is not None and max_lac > state.lac:
+                state.lac = max_lac
+                if state.waiters:  # long polls waiting for this LAC
+                    self._advance_lac(lid, state, max_lac, now)
 
     def _maybe_complete_add(self, batch: int, p: PendingAdd, now: float) -> None:
         if not p.appended or (p.need_sync and not p.synced and p.failed is None):
@@ -213,8 +238,6 @@ class ServerAdds(ServerReads):
             last = max(p.entry_ids)
             if last > state.last_entry_id:
                 state.last_entry_id = last
-            if p.max_lac > state.lac:
-                self._advance_lac(p.ledger_id, state, p.max_lac, now)
             m.ENTRIES_ADDED_TOTAL.inc(len(p.entry_ids))
         seconds, requests = m.add_outcome(status)
         seconds.observe(max(0.0, now - p.started))
@@ -229,15 +252,11 @@ class ServerAdds(ServerReads):
         code, ok = int(status), status == Status.EOK
         statuses, ledgers = p.statuses, self.ledgers
         if ok:  # the accepted parts' statuses are EOK (0) already
-            for _, lid, entry_ids, max_lac in p.parts:
+            for _, lid, entry_ids, _ in p.parts:
                 state = ledgers[lid]
                 last = entry_ids if isinstance(entry_ids, int) else max(entry_ids)
                 if last > state.last_entry_id:
                     state.last_entry_id = last
-                if max_lac > state.lac:
-                    state.lac = max_lac
-                    if state.waiters:  # long polls waiting for this LAC
-                        self._advance_lac(lid, state, max_lac, now)
         else:
             for i, _, _, _ in p.parts:
                 statuses[i] = code
