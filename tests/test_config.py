@@ -166,6 +166,7 @@ API_FLAT_KEYS = [
     "disk_usage_warn_threshold", "disk_check_interval_ms", "read_only_mode_enabled", "auto_fix_cookie",
     "registration_ttl_s", "autorecovery_enabled", "lost_bookie_recovery_delay_s",
     "open_ledger_rereplication_grace_period_s", "auditor_periodic_check_interval_s", "max_frame_bytes", "rack",
+    "advertised_address",
     "curve_secret_key_file", "curve_authorized_keys_dir",
 ]
 SECTIONS = [JournalConfig, EntryLogConfig, IndexConfig, GcConfig, DiskConfig, RecoveryConfig, CurveConfig, HttpConfig]

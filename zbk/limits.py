@@ -193,6 +193,14 @@ registration_held_poll_s = 0.5
 # second to 10 s: soon after the store is back, without hammering a store that is down.
 reregistration_backoff_s_min = 0.5
 reregistration_backoff_s_max = 10.0
+# A bookie id (bookie_id) is a metadata key's last part and is written into the ensembles of
+# every ledger metadata naming the bookie, once per fragment: 128 characters is room for any
+# host name with its port, and keeps a ledger of many fragments small.
+bookie_id_chars_max = 128
+# A client that cannot connect to a bookie reads its registration again (a bookie with a
+# stable bookie_id may be back at another address), at most this often per bookie and only
+# while requests wait for it: a dead bookie costs each client two key reads a second at most.
+bookie_address_reread_interval_ms = 500
 
 # --- client -----------------------------------------------------------------------------
 client_add_timeout_ms_default = 10_000  # a bookie that has not acknowledged an add within this is treated as failed

@@ -27,7 +27,9 @@ def with_defaults(settings: dict[str, object], defaults: dict[str, object]) -> d
 
 class BookieProcess:
     def __init__(self, root: Path, metadata_uri: str, *, port: int | None = None, name: str = "bookie",
-                 settings: dict[str, object] | None = None, curve: CurveClient | None = None) -> None:
+                 settings: dict[str, object] | None = None, curve: CurveClient | None = None,
+                 bookie_id: str | None = None) -> None:
+        """``bookie_id``: a stable id (a name) instead of the default 127.0.0.1:<port>."""
         self.root = root
         self.curve = curve  # the CURVE keys readiness checks use, for a bookie that requires them
         self.data_dir = root / name
@@ -39,11 +41,18 @@ class BookieProcess:
         # which a GC run would rightly delete. GC tests set gc_wait_time_ms themselves.
         self.settings = with_defaults(settings or {}, {"registration_ttl_s": 2, "disk_check_interval_ms": 1000,
                                                         "gc_wait_time_ms": 3_600_000})
+        if bookie_id is not None:
+            self.settings["bookie_id"] = bookie_id
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_argv: list[str] = []  # more `zbk bookie` flags (--readonly)
 
     @property
     def bookie_id(self) -> str:
+        return str(self.settings.get("bookie_id") or self.address)
+
+    @property
+    def address(self) -> str:
+        """Where its wire port is (its id too, unless it was given a name)."""
         return f"127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
@@ -68,7 +77,7 @@ class BookieProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"bookie exited with {self.proc.returncode}:\n{tail(self.log)}")
             try:
-                with BookieConnection(self.bookie_id, timeout_s=0.5, curve=self.curve) as c:
+                with BookieConnection(self.bookie_id, timeout_s=0.5, curve=self.curve, address=self.address) as c:
                     resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
                     if resp.status == 0:
                         return
@@ -94,7 +103,7 @@ class BookieProcess:
         return self.proc.wait(timeout_s)
 
     def connect(self, timeout_s: float = 10.0) -> BookieConnection:
-        return BookieConnection(self.bookie_id, timeout_s=timeout_s, curve=self.curve)
+        return BookieConnection(self.bookie_id, timeout_s=timeout_s, curve=self.curve, address=self.address)
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.log, lines)

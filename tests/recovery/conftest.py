@@ -74,9 +74,13 @@ class RecoveryCluster:
         self.bookies: list[BookieProcess] = []
         self.autorecovery: list[AutoRecoveryProcess] = []
 
-    def start_bookies(self, n: int, settings: dict[str, object] | None = None) -> list[BookieProcess]:
-        new = [BookieProcess(self.root, self.uri, name=f"b{len(self.bookies) + i}", settings=settings)
-               for i in range(n)]
+    def start_bookies(self, n: int, settings: dict[str, object] | None = None, *,
+                      ids: list[str | None] | None = None) -> list[BookieProcess]:
+        """``ids``: the bookies' stable ids (None: the default host:port), one per bookie."""
+        ids = ids or [None] * n
+        assert len(ids) == n, ids
+        new = [BookieProcess(self.root, self.uri, name=f"b{len(self.bookies) + i}", settings=settings,
+                             bookie_id=ids[i]) for i in range(n)]
         self.bookies += new
         for b in new:
             b.start(wait=False)

@@ -29,7 +29,7 @@ from zbk.config import BookieConfig, ClientConfig, CurveConfig, HttpConfig
 from zbk.errors import BookieUnavailableError, ConfigError, UnauthorizedError
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_response, encode
-from zbk.wire.curve import CurveClient, CurveServer, generate_keypair, load_keypair
+from zbk.wire.curve import CurveClient, CurveServer, generate_keypair, load_keypair, server_key_file_name
 from zbk.wire.status import Status
 
 
@@ -186,6 +186,51 @@ def test_key_files_and_config_errors(tmp_path: Path, keys: Keys) -> None:
     assert per_bookie.server_key_for("127.0.0.1:3181") == load_keypair(keys.server_secret)[0]
     with pytest.raises(ConfigError, match="no public key for bookie"):
         per_bookie.server_key_for("127.0.0.1:3182")
+
+
+def test_per_bookie_key_files_are_named_after_the_id_whatever_its_form(tmp_path: Path, keys: Keys) -> None:
+    assert server_key_file_name("127.0.0.1:3181") == "127.0.0.1_3181.key"
+    assert server_key_file_name("bookie-a") == "bookie-a.key"
+    assert server_key_file_name("[::1]:3181") == "[__1]_3181.key"
+    for bad in ("", "../x", "a/b"):
+        with pytest.raises(ConfigError, match="cannot name a key file"):
+            server_key_file_name(bad)
+    d = tmp_path / "servers"
+    d.mkdir()
+    shutil.copy(keys.server_public, d / "bookie-a.key")
+    per_bookie = CurveClient(keys.client_secret, server_keys_dir=str(d))
+    assert per_bookie.server_key_for("bookie-a") == load_keypair(keys.server_secret)[0]
+    with pytest.raises(ConfigError, match="no public key for bookie bookie-b"):
+        per_bookie.server_key_for("bookie-b")
+
+
+def test_a_curve_bookie_with_a_name_id_is_reached_with_its_own_key_file(tmp_path: Path, keys: Keys) -> None:
+    """The client finds the bookie's address through its registration and its server key
+    in ``curve_server_keys_dir/<id>.key``; ``server.key`` would be another bookie's key, so
+    only the file named after the id can make the handshake succeed."""
+    servers = tmp_path / "servers"
+    servers.mkdir()
+    shutil.copy(keys.server_public, servers / "bookie-curve.key")
+    impostor_public = str(Path(keys.other_server_secret).with_suffix(".key"))
+    shutil.copy(impostor_public, servers / "server.key")
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    cfg = BookieConfig(metadata_uri=uri, data_dir=str(tmp_path / "bookie"), bookie_id="bookie-curve",
+                       port=free_port(), http=HttpConfig(port=free_port()), registration_ttl_s=2,
+                       curve=CurveConfig(secret_key_file=keys.server_secret, authorized_keys_dir=str(keys.authorized)))
+    bookie = Bookie(cfg)
+    bookie.start()
+    try:
+        config = ClientConfig(curve_secret_key_file=keys.client_secret, curve_server_keys_dir=str(servers),
+                              add_timeout_ms=5000, read_timeout_ms=5000).validate()
+        with zbk.BookKeeper(uri, config=config) as bk:
+            lh = bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"pw")
+            assert lh.metadata.ensembles[0] == ["bookie-curve"]
+            assert [lh.append(b"%d" % i) for i in range(5)] == list(range(5))
+            lh.close()
+            rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+            assert [e.payload for e in rh.read(0, 4)] == [b"%d" % i for i in range(5)]
+    finally:
+        bookie.stop()
 
 
 def test_keygen_command_writes_a_usable_pair(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ from zbk.actors.server import ServerCore
 from zbk.bookie.boot import BootReport
 from zbk.bookie.registration import BookieRegistrar
 from zbk.errors import BookieIOError, BookieUnavailableError, ZbkTimeoutError
+from zbk.metadata.registry import BookieRegistration
 from zbk.metrics.http import AdminHttpServer, HttpError, Query, as_bool
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class BookieAdmin(BookieRegistrar):
         hostnames = as_bool("print_hostnames", query.get("print_hostnames"), default=False)
         regs = [] if kind == "ro" else list_bookies(self.store)
         regs += [] if kind == "rw" else list_bookies(self.store, readonly=True)
-        return {r.bookie_id: _host_name(r.bookie_id) if hostnames else None for r in regs}
+        return {r.bookie_id: _host_name(r) if hostnames else None for r in regs}
 
     def _last_log_mark(self) -> dict[str, Any]:
         """The journal positions the last checkpoint made durable, one per journal directory
@@ -287,8 +288,18 @@ def _suspension(s: GcStatus) -> dict[str, Any]:
     return {"isMajorGcSuspended": s.major_suspended, "isMinorGcSuspended": s.minor_suspended}
 
 
-def _host_name(bookie_id: str) -> str:
-    host = bookie_id.rpartition(":")[0].strip("[]")
+def _host_name(reg: BookieRegistration) -> str | None:
+    """The host name of the machine the registration's address is on (its id may be a
+    name that says nothing of where the bookie is: zbk/metadata/resolver.py)."""
+    from zbk.bookieid import split_address
+    from zbk.metadata.resolver import registered_address
+
+    address = registered_address(reg)
+    if address is None:
+        return None
+    parts = split_address(address)
+    assert parts is not None, address  # registered_address gives host:port or nothing
+    host = parts[0].strip("[]")
     try:
         return socket.gethostbyaddr(host)[0]
     except OSError:

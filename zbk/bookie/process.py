@@ -126,8 +126,8 @@ class Bookie(BookieAdmin):
         self.ready = True  # replayed and registered: GET /api/v1/bookie/is_ready answers 200
         if cfg.autorecovery.enabled:
             self._start_autorecovery()
-        log.info("bookie %s serving on %s (http %s)", cfg.bookie_id, self.server_loop.bound,
-                 self.http.port if self.http else "-")
+        log.info("bookie %s serving on %s, registered at %s (http %s)", cfg.bookie_id, self.server_loop.bound,
+                 cfg.wire_address, self.http.port if self.http else "-")
 
     def _start_autorecovery(self) -> None:
         """``autorecovery.enabled``: run an auditor candidate and replicator workers in this

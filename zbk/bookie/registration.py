@@ -26,7 +26,7 @@ class BookieRegistrar(BookieBoot):
         """Publish the registration (lease-bound). After a kill -9 the previous process's
         registration lives until its lease expires: wait for it, up to two TTLs."""
         reg = BookieRegistration(bookie_id=self.cfg.bookie_id, rack=self.cfg.rack, zone=self.cfg.zone,
-                                 isolation_group=self.cfg.isolation_group,
+                                 isolation_group=self.cfg.isolation_group, address=self.cfg.wire_address,
                                  http_url=f"http://{self.cfg.http.bind_address}:{self.http.port if self.http else 0}",
                                  state="readonly" if read_only else "writable")
         self._registration = reg

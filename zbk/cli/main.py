@@ -37,7 +37,9 @@ def _bookie(args: argparse.Namespace) -> int:
 
     explicit = {"metadata_uri": args.metadata, "data_dir": args.data_dir, "port": args.port,
                 "http_port": args.http_port, "start_read_only": args.readonly}
-    cfg = load(BookieConfig, path=args.config, overrides=args.set, explicit=explicit)
+    # Validated here, not only by the boot: a bad value (a bookie_id with '/') is a usage
+    # error, exit code 2, like an unknown key, and touches nothing.
+    cfg = load(BookieConfig, path=args.config, overrides=args.set, explicit=explicit).validate()
     return run_bookie(cfg, stop=stop)
 
 

@@ -28,6 +28,7 @@ from zbk.config import ClientConfig, with_settings
 from zbk.errors import BadRequestError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
+from zbk.metadata.resolver import BookieResolver
 from zbk.metadata.store import MetadataStore
 from zbk.metadata.uri import open_store
 from zbk.wire import messages as w
@@ -57,10 +58,14 @@ class _Placement:
 class ClientContext:
     """What handles share: transport, metadata, configuration, placement."""
 
-    def __init__(self, store: MetadataStore, transport: Transport, config: ClientConfig, rng: random.Random) -> None:
+    def __init__(self, store: MetadataStore, transport: Transport, config: ClientConfig, rng: random.Random, *,
+                 resolver: BookieResolver | None = None) -> None:
         self.store = store
         self.ledgers = LedgerStore(store)
         self.transport = transport
+        # Bookie id -> address; the ZmqTransport of over_zmq shares it, and listings of the
+        # bookies keep it fresh (writable_bookies).
+        self.resolver = resolver or BookieResolver(store)
         self.config = config
         self.placement = _Placement(rng, placement.PlacementPolicy.of_config(config))
         self.add_timeout_s = config.add_timeout_ms / 1000
@@ -79,8 +84,10 @@ class ClientContext:
     @classmethod
     def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
         """A context on a real ZmqTransport, with the config's CURVE keys when it has them."""
-        transport = ZmqTransport(curve=CurveClient.from_config(config), heartbeat_timeout_ms=config.heartbeat_timeout_ms)
-        return cls(store, transport, config, rng or random.Random())
+        resolver = BookieResolver(store)
+        transport = ZmqTransport(curve=CurveClient.from_config(config), heartbeat_timeout_ms=config.heartbeat_timeout_ms,
+                                 resolver=resolver)
+        return cls(store, transport, config, rng or random.Random(), resolver=resolver)
 
     def digest_for(self, kind: str, password: bytes) -> Digest:
         key = (kind, password)
@@ -104,7 +111,9 @@ class ClientContext:
         return await asyncio.to_thread(self.ledgers.write, md, version)
 
     async def writable_bookies(self) -> list[BookieRegistration]:
-        return await asyncio.to_thread(list_bookies, self.store)
+        bookies = await asyncio.to_thread(list_bookies, self.store)
+        self.resolver.learn(bookies)
+        return bookies
 
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` in the background; close() gives it a moment to finish."""

@@ -3,6 +3,9 @@
 Used by `zbk shell` (readentry, ledgerentries, bookieinfo), by tests that need exact
 control over requests (fencing, master keys, garbage), and by tools. Applications use
 :class:`zbk.BookKeeper` instead.
+
+It connects to ``address``, which the caller resolved (zbk/metadata/resolver.py), or else
+to the bookie id itself, which must then be host:port.
 """
 
 from __future__ import annotations
@@ -13,16 +16,24 @@ from typing import Any
 import zmq
 
 from zbk import limits
-from zbk.errors import BookieUnavailableError, ZbkTimeoutError
+from zbk.bookieid import is_address
+from zbk.errors import BadRequestError, BookieUnavailableError, ZbkTimeoutError
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.curve import CurveClient
 
 
 class BookieConnection:
     def __init__(self, bookie_id: str, *, timeout_s: float = 10.0, ctx: zmq.Context[Any] | None = None,
-                 curve: CurveClient | None = None) -> None:
-        """``curve``: this client's CURVE keys, for a bookie that requires them."""
+                 curve: CurveClient | None = None, address: str | None = None) -> None:
+        """``curve``: this client's CURVE keys, for a bookie that requires them (the key
+        file is chosen by the bookie's id); ``address``: where the bookie is, if not at
+        its id."""
+        address = address or bookie_id
+        if not is_address(address):
+            raise BadRequestError(f"bookie {bookie_id}: {address!r} is not host:port (a name id is resolved "
+                                  "through its registration first)")
         self.bookie_id = bookie_id
+        self.address = address
         self.timeout_s = timeout_s
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -36,7 +47,7 @@ class BookieConnection:
             except BaseException:
                 self.close()
                 raise
-        self.sock.connect(f"tcp://{bookie_id}")
+        self.sock.connect(f"tcp://{address}")
         self._rids = itertools.count(1)
 
     def next_rid(self) -> int:

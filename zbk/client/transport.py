@@ -19,6 +19,14 @@ that moment, not when an add times out.
 With CURVE (zbk/wire/curve.py) every DEALER is a CURVE client of its bookie, and the monitor
 also watches its handshakes: a bookie that refuses our key makes requests to it fail at once
 with UnauthorizedError instead of waiting for a connection that will never come.
+
+Addresses. Requests name bookies by id; a :class:`BookieResolver` (zbk/metadata/resolver.py)
+gives the address a DEALER connects to, from its cache or, for a bookie it does not know, by
+reading the registration in a worker thread while the first requests wait in the backlog.
+Whenever a send finds no connection, the registration is read again (at most every
+``bookie_address_reread_interval_ms``, only while requests wait): a bookie restarted at
+another address under the same stable id is then found there, and the DEALER leaves the old
+address for the new one. Without a resolver (tests) a bookie's id is its address.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbk import limits
 from zbk.errors import BookieUnavailableError, UnauthorizedError, ZbkError, ZbkTimeoutError
+from zbk.metadata.resolver import BookieResolver
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.curve import CurveClient
 from zbk.wire.errors import FrameError
@@ -123,7 +132,7 @@ def heartbeat_options(timeout_ms: int) -> dict[int, int]:
 
 class _Peer:
     def __init__(self, ctx: zmq.asyncio.Context, bookie: str, curve: CurveClient | None,
-                 heartbeat_timeout_ms: int) -> None:
+                 heartbeat_timeout_ms: int, address: str | None) -> None:
         self.bookie = bookie
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -133,6 +142,7 @@ class _Peer:
         for opt, value in heartbeat_options(heartbeat_timeout_ms).items():
             self.sock.setsockopt(opt, value)
         self.handshake_error: ZbkError | None = None  # the last handshake failed (CURVE)
+        self.connected = False  # a connection has completed its handshake and not closed since
         # The connection closed and no new one has completed its handshake yet: adds fail at
         # once (ZmqTransport._send_in_order).
         self.lost = False
@@ -145,7 +155,14 @@ class _Peer:
                 raise
             events |= _HANDSHAKE_FAILED_EVENTS
         self.monitor: zmq.asyncio.Socket = self.sock.get_monitor_socket(events)
-        self.sock.connect(f"tcp://{bookie}")
+        # Where the DEALER connects (None: not known yet, or the bookie has none registered),
+        # and the re-read of the registration under way, if any (ZmqTransport._relocate).
+        self.address: str | None = None
+        self.left: set[str] = set()  # endpoints it was connected to before (detach)
+        self.locating: asyncio.Task[None] | None = None
+        self.located_at = -float("inf")
+        if address is not None:
+            self.attach(address)
         # All sends and receives go through a plain (synchronous) view of the socket, never
         # blocking: pyzmq's asyncio wrappers cost a future and several callbacks per message.
         # The loop watches the socket's FD (add_reader); since a ZeroMQ FD only signals new
@@ -164,12 +181,40 @@ class _Peer:
         self.backlog: deque[tuple[list[Any], float, Callable[[BaseException | None], None], bool]] = deque()
         self.flusher: asyncio.Task[None] | None = None
 
+    def attach(self, address: str) -> None:
+        endpoint = f"tcp://{address}"
+        self.left.discard(endpoint)
+        self.sock.connect(endpoint)
+        self.address = address
+
+    def detach(self) -> None:
+        if self.address is not None:
+            endpoint = f"tcp://{self.address}"
+            try:
+                self.sock.disconnect(endpoint)
+            except zmq.ZMQError:
+                pass  # never connected: nothing to leave
+            # Its connection's last events may still be on their way: _on_event drops them.
+            # (libzmq names a connection by the endpoint as given, mostly: one made again
+            # after a reconnection to a host name carries the resolved address.)
+            self.left.add(endpoint)
+            self.address = None
+
+    def unreachable(self) -> str:
+        """Why a request found no connection, for its error."""
+        if self.address is None:
+            return f"bookie {self.bookie} is not connected: no registered address"
+        return f"bookie {self.bookie} is not connected (at {self.address})"
+
 
 class ZmqTransport:
     def __init__(self, *, curve: CurveClient | None = None,
-                 heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default) -> None:
+                 heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default,
+                 resolver: BookieResolver | None = None) -> None:
         self.ctx = zmq.asyncio.Context()
         self.curve = curve
+        self.resolver = resolver  # None: a bookie's id is its address
+        self.reread_s = limits.bookie_address_reread_interval_ms / 1000
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.peers: dict[str, _Peer] = {}
         self._rids = itertools.count(1)
@@ -189,10 +234,45 @@ class ZmqTransport:
         p = self.peers.get(bookie)
         if p is None:
             loop = asyncio.get_running_loop()
-            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve, self.heartbeat_timeout_ms)
+            address = bookie if self.resolver is None else self.resolver.cached(bookie)
+            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve, self.heartbeat_timeout_ms, address)
             loop.add_reader(p.fd, self._readable, p)
             p.watcher = loop.create_task(self._watch(p))
+            if address is None:
+                self._relocate(p)
         return p
+
+    def _relocate(self, p: _Peer) -> None:
+        """``p`` has no connection and a request waits for one: read its registration again
+        in a worker thread, unless that is under way or was done less than reread_s ago."""
+        if self.resolver is None or p.locating is not None or p.connected or self.closed:
+            return  # connected: a send that cannot go now waits for the high-water mark
+        now = time.monotonic()
+        if now - p.located_at < self.reread_s:
+            return
+        p.located_at = now
+        p.locating = asyncio.get_running_loop().create_task(self._locate(p, self.resolver))
+
+    async def _locate(self, p: _Peer, resolver: BookieResolver) -> None:
+        try:
+            address = await asyncio.to_thread(resolver.refresh, p.bookie)
+        except Exception as e:  # noqa: BLE001 - an unreachable store: keep the address we have
+            log.warning("cannot read the registration of bookie %s: %s", p.bookie, e)
+            return
+        finally:
+            p.locating = None
+        if self.closed or self.peers.get(p.bookie) is not p or address == p.address:
+            return
+        if p.address is not None:
+            # Also when the bookie has no registration now: whatever answers at its old
+            # address may be another bookie that took the port.
+            log.info("bookie %s: registered address %s, was %s", p.bookie, address, p.address)
+            p.detach()
+            if p.connected:  # connected meanwhile: its requests in flight get no answer now
+                p.connected = False
+                self._lost(p)
+        if address is not None:
+            p.attach(address)
 
     async def _watch(self, p: _Peer) -> None:
         """Follow one peer's connections (reconnects included) on the event loop."""
@@ -201,13 +281,19 @@ class ZmqTransport:
                 event = parse_monitor_message(await p.monitor.recv_multipart())
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            self._on_event(p, event["event"], event["value"])
+            endpoint = event["endpoint"]
+            self._on_event(p, event["event"], event["value"],
+                           endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint))
 
-    def _on_event(self, p: _Peer, kind: int, value: int) -> None:
+    def _on_event(self, p: _Peer, kind: int, value: int, endpoint: str = "") -> None:
+        if endpoint in p.left:
+            return  # the connection to an address the peer has left (_locate)
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             p.handshake_error = None
             p.lost = False
+            p.connected = True
         elif kind == zmq.EVENT_DISCONNECTED:
+            p.connected = False
             self._lost(p)
         else:
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -341,7 +427,7 @@ class ZmqTransport:
             try:
                 _send_frames(p.raw, frames)
             except zmq.Again:
-                pass
+                self._relocate(p)
             except zmq.ZMQError as e:  # the socket was closed under us (client shutting down)
                 done(BookieUnavailableError(f"bookie {p.bookie}: {e}"))
                 return
@@ -371,8 +457,9 @@ class ZmqTransport:
                     if p.handshake_error is not None:  # connected, but the bookie refused us
                         err = p.handshake_error
                     elif time.monotonic() >= deadline:
-                        err = BookieUnavailableError(f"bookie {p.bookie} is not connected")
+                        err = BookieUnavailableError(p.unreachable())
                     else:
+                        self._relocate(p)
                         await asyncio.sleep(0.01)
                         continue
                     self.failed_at[p.bookie] = time.monotonic()
@@ -429,6 +516,8 @@ class ZmqTransport:
             loop.remove_reader(p.fd)
             if p.flusher is not None:
                 p.flusher.cancel()
+            if p.locating is not None:
+                p.locating.cancel()
             while p.backlog:
                 p.backlog.popleft()[2](BookieUnavailableError("client closed"))
             for callback, timer in p.calls.values():

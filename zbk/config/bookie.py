@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zbk import limits
+from zbk.bookieid import WILDCARD_HOSTS, check_bookie_id, check_host, is_address, join_address
 from zbk.config.autorecovery import AutoRecoveryConfig
 from zbk.config.checks import positive, tcp_port
 from zbk.config.sections import (
@@ -31,10 +32,15 @@ class BookieConfig:
     keys here; the rest in the section of the component it configures.
 
     Attributes:
-        bookie_id: The id clients and the metadata know this bookie by (``host:port``); empty:
-            ``<bind_address>:<port>``. Never change it: the cookie records it.
+        bookie_id: The id clients and the metadata know this bookie by: ``host:port``, or a name
+            such as ``bookie-a`` (printable, no ``/`` or white space, at most 128 characters)
+            that stays when the address changes (BP-41; docs/operations.md, "Bookie ids").
+            Empty: ``<advertised_address>:<port>``. Never change it: the cookie records it.
         bind_address: The address the wire port binds.
         port: The wire protocol's port (``--port``).
+        advertised_address: The host clients connect to, recorded with ``port`` in the
+            bookie's registration (empty: ``bind_address``; a ``host:port`` ``bookie_id`` is
+            then itself the address).
         metadata_uri: Required: ``sqlite:///path/meta.db`` or
             ``etcd://host:port[,host:port...]/scope`` (``--metadata``).
         data_dir: The directory under which ``journal/``, ``ledgers/`` and ``index/`` go, for the
@@ -77,6 +83,9 @@ class BookieConfig:
     bookie_id: str = ""
     bind_address: str = "127.0.0.1"
     port: int = 3181
+    # The host clients connect to, which the registration records with ``port``
+    # ("" = bind_address); behind NAT or a wildcard bind it is not the bind address.
+    advertised_address: str = ""
     metadata_uri: str = ""
     data_dir: str = ""
     # The directories are the bookie's identity as much as its id: the cookie records them.
@@ -112,7 +121,7 @@ class BookieConfig:
         """
         changes: dict[str, Any] = {}
         if not self.bookie_id:
-            changes["bookie_id"] = f"{self.bind_address}:{self.port}"
+            changes["bookie_id"] = join_address(self.advertised_address or self.bind_address, self.port)
         if self.data_dir:
             for key, sub in (("journal_dirs", "journal"), ("ledger_dirs", "ledgers"), ("index_dirs", "index")):
                 if not getattr(self, key):
@@ -141,8 +150,16 @@ class BookieConfig:
         if not cfg.metadata_uri:
             raise ConfigError("metadata_uri must be set (sqlite:///path/meta.db or etcd://host:port/scope)")
         tcp_port("port", cfg.port)
-        if ":" not in cfg.bookie_id:
-            raise ConfigError(f"bookie_id must be host:port, got {cfg.bookie_id!r}")
+        if cfg.advertised_address:
+            check_host(cfg.advertised_address, key="advertised_address")
+            if cfg.advertised_address in WILDCARD_HOSTS:
+                raise ConfigError(f"advertised_address {cfg.advertised_address!r} is no address to connect to")
+        elif not is_address(cfg.bookie_id):
+            check_host(cfg.bind_address, key="bind_address")
+            if cfg.bind_address in WILDCARD_HOSTS:
+                raise ConfigError(f"bookie_id {cfg.bookie_id!r} is a name, not host:port, and bind_address "
+                                  f"{cfg.bind_address!r} is no address to connect to: set advertised_address")
+        check_bookie_id(cfg.bookie_id)  # after the address: a bad one makes a bad default id
         positive("registration_ttl_s", cfg.registration_ttl_s)
         if "," in cfg.isolation_group:
             # Clients name groups as a comma-separated list (--set isolation_groups=a,b).
@@ -154,6 +171,18 @@ class BookieConfig:
                         cfg.http):
             section.validate()
         return cfg
+
+    @property
+    def wire_address(self) -> str:
+        """host:port where clients reach this bookie, which its registration records:
+        ``advertised_address:port``; without advertised_address, a host:port bookie_id
+        itself (what clients connected to before stable ids, NAT and all), else
+        ``bind_address:port``."""
+        if self.advertised_address:
+            return join_address(self.advertised_address, self.port)
+        if is_address(self.bookie_id):
+            return self.bookie_id
+        return join_address(self.bind_address, self.port)
 
     def actor_cpu_set(self) -> frozenset[int]:
         """``actor_cpus`` as a set of CPU numbers.

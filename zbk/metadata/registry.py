@@ -5,7 +5,9 @@ Bookie registration (``bookies/writable/<id>`` or ``bookies/readonly/<id>``, bou
 bookie's lease), CBOR map, format version 1::
 
     fv int   format version (1)
-    id text  bookie id (host:port of its wire socket)
+    id text  bookie id: host:port, or a name (a stable id, BP-41; zbk/bookieid.py)
+    ad text  wire address host:port clients connect to; optional, absent in registrations
+             of older bookies, whose id is their address (zbk/metadata/resolver.py)
     rk text  rack ("" if unknown)
     zn text  zone ("" if unknown); optional, absent in registrations of older bookies
     ig text  isolation group ("" if none); optional, as ``zn``
@@ -99,6 +101,15 @@ class BookieRegistration:
     isolation_group: str = ""
     zbk_version: str = __version__
     protocol_version: int = limits.PROTOCOL_VERSION
+    # Where the bookie's wire socket is now (host:port); "" in an older bookie's
+    # registration: its id is its address (wire_address).
+    address: str = ""
+
+    @property
+    def wire_address(self) -> str:
+        """The host:port the registration says to connect to (not checked here: see
+        zbk/metadata/resolver.py)."""
+        return self.address or self.bookie_id
 
     @property
     def key(self) -> str:
@@ -114,6 +125,8 @@ class BookieRegistration:
             raw["zn"] = self.zone
         if self.isolation_group:
             raw["ig"] = self.isolation_group
+        if self.address:
+            raw["ad"] = self.address
         return cbor2.dumps(raw)
 
     @classmethod
@@ -131,7 +144,8 @@ class BookieRegistration:
                       state="readonly" if state == "readonly" else "writable",
                       zbk_version=_text(raw, "zv"), protocol_version=pv,
                       zone=_text(raw, "zn") if "zn" in raw else "",
-                      isolation_group=_text(raw, "ig") if "ig" in raw else "")
+                      isolation_group=_text(raw, "ig") if "ig" in raw else "",
+                      address=_text(raw, "ad") if "ad" in raw else "")
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptMetadataError(f"{what}: malformed ({e})") from None
         if bookie_id is not None and reg.bookie_id != bookie_id:
@@ -164,6 +178,16 @@ def unregister_bookie(store: MetadataStore, bookie_id: str) -> None:
     """Remove both registrations of a bookie (clean shutdown)."""
     store.delete(layout.writable_key(bookie_id))
     store.delete(layout.readonly_key(bookie_id))
+
+
+def read_registration(store: MetadataStore, bookie_id: str) -> BookieRegistration | None:
+    """The registration of ``bookie_id`` (writable or, failing that, read-only), or None
+    if it is not registered. CorruptMetadataError if it does not decode."""
+    for key in (layout.writable_key(bookie_id), layout.readonly_key(bookie_id)):
+        kv = store.get(key)
+        if kv is not None:
+            return BookieRegistration.decode(kv.value, bookie_id=bookie_id)
+    return None
 
 
 def list_bookies(store: MetadataStore, *, readonly: bool = False) -> list[BookieRegistration]:

@@ -105,7 +105,7 @@ class ClusterApi:
 
         only, but = query.get("missingreplica"), query.get("excludingmissingreplica")
         if only == "" or but == "":
-            raise HttpError(400, "missingreplica and excludingmissingreplica name a bookie (host:port)")
+            raise HttpError(400, "missingreplica and excludingmissingreplica name a bookie (its id)")
         registry = UnderReplicationRegistry(self.store, self.owner)
 
         def keep(bookies: tuple[str, ...] | list[str]) -> bool:

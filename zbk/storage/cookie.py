@@ -8,7 +8,7 @@ Encoding (format version 1): :meth:`Cookie.encode` (zbk.metadata.registry) is a 
 same bytes the metadata store keeps at ``<scope>/cookies/<bookie id>``::
 
     fv   int        format version (1); a reader refuses versions it does not know
-    bid  text       bookie id (host:port)
+    bid  text       bookie id (host:port or a name: zbk/bookieid.py)
     iid  text       cluster instance id
     jd   [text]     journal directories, in configuration order
     ld   [text]     ledger directories

@@ -15,8 +15,10 @@ Bookie (``BookieConfig``, its ``[curve]`` table)
 Client (``ClientConfig``)
     ``curve_secret_key_file``: the client's own pair. The bookies' public key, from
     ``curve_server_public_key_file`` (one key for every bookie), or per bookie from
-    ``curve_server_keys_dir/<host>_<port>.key`` (that directory's ``server.key`` serving
-    the bookies without a file of their own).
+    ``curve_server_keys_dir``: a file named after the bookie's id, whatever form it takes,
+    with ``:`` written ``_`` (``<host>_<port>.key``, or ``bookie-a.key`` for a bookie with a
+    name id), that directory's ``server.key`` serving the bookies without a file of their
+    own. The file goes with the id, not the address: a bookie that moves keeps its key.
 
 What an unauthorized peer sees: a client without CURVE, with an unknown key, or with the
 wrong server key never completes the handshake, so no request reaches the bookie and no
@@ -49,6 +51,17 @@ ZAP_DOMAIN = "zbk"
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 DEFAULT_SERVER_KEY = "server.key"
+
+
+def server_key_file_name(bookie_id: str) -> str:
+    """The name of the public key file of the bookie ``bookie_id`` in a client's
+    ``curve_server_keys_dir``: the id with ``:`` as ``_`` (a file name with a colon is
+    awkward on some systems and in shell completions). A bookie's configuration never has
+    ``/`` in its id (zbk/bookieid.py); an id read from damaged metadata might, and must not
+    lead out of the directory."""
+    if not bookie_id or "/" in bookie_id or os.sep in bookie_id:
+        raise ConfigError(f"CURVE client: bookie id {bookie_id!r} cannot name a key file")
+    return bookie_id.replace(":", "_") + PUBLIC_SUFFIX
 
 
 def generate_keypair(directory: str, name: str) -> tuple[str, str]:
@@ -192,9 +205,9 @@ class CurveClient:
                    server_keys_dir=cfg.curve_server_keys_dir)
 
     def server_key_for(self, bookie: str) -> bytes:
-        """The public key of ``bookie`` (``host:port``)."""
+        """The public key of the bookie whose id is ``bookie``."""
         if self.server_keys_dir:
-            for name in (bookie.replace(":", "_") + PUBLIC_SUFFIX, DEFAULT_SERVER_KEY):
+            for name in (server_key_file_name(bookie), DEFAULT_SERVER_KEY):
                 path = os.path.join(self.server_keys_dir, name)
                 if os.path.exists(path):
                     return load_public_key(path)

@@ -1,4 +1,4 @@
-"""Shell commands that ask one bookie over the wire protocol (no metadata needed)."""
+"""Shell commands that ask one bookie over the wire protocol (metadata only to find a bookie by its id)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ GROUP = "one bookie"
 
 
 def _bookieinfo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bookie", metavar="B", help="bookie id host:port")
+    p.add_argument("bookie", metavar="B", help="bookie id: host:port, or a name (then give --metadata)")
 
 
 @command("bookieinfo", group=GROUP, summary="a bookie's state, space and ledger counts", usage="B",
@@ -26,7 +26,7 @@ def _bookieinfo(args: argparse.Namespace) -> None:
 
 
 def _readentry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bookie", metavar="B", required=True, help="bookie id host:port")
+    p.add_argument("--bookie", metavar="B", required=True, help="bookie id: host:port, or a name (then give --metadata)")
     p.add_argument("ledger_id", type=ledger_id, metavar="LID", help="ledger id")
     p.add_argument("entry_id", type=entry_id, metavar="EID", help="entry id")
 
@@ -53,7 +53,7 @@ def _readentry(args: argparse.Namespace) -> int:
 
 
 def _ledgerentries_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bookie", metavar="B", required=True, help="bookie id host:port")
+    p.add_argument("--bookie", metavar="B", required=True, help="bookie id: host:port, or a name (then give --metadata)")
     p.add_argument("ledger_id", type=ledger_id, metavar="LID", help="ledger id")
 
 

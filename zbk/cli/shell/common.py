@@ -25,7 +25,8 @@ from zbk.errors import BadRequestError
 Handler = Callable[[argparse.Namespace], "int | None"]
 Configure = Callable[[argparse.ArgumentParser], None]
 # What a command needs: "metadata" makes --metadata required; "data_dir" adds a required
-# --data-dir; "bookie" commands talk to one bookie and accept --metadata without using it.
+# --data-dir; "bookie" commands talk to one bookie, found through its registration when
+# --metadata is given (a bookie with a name id needs it), else at its id (host:port).
 Needs = Literal["metadata", "data_dir", "both", "bookie"]
 
 
@@ -78,11 +79,26 @@ def client_config(args: argparse.Namespace) -> Any:
 
 
 def connect(args: argparse.Namespace, bookie: str) -> Any:
-    """A raw connection to one bookie, with this shell's CURVE keys if any."""
+    """A raw connection to one bookie, with this shell's CURVE keys if any: at the address
+    its registration records when --metadata is given (zbk/metadata/resolver.py), else at
+    its id, which must then be host:port."""
+    from zbk.bookieid import is_address
     from zbk.client.raw import BookieConnection
     from zbk.wire.curve import CurveClient
 
-    return BookieConnection(bookie, timeout_s=args.timeout, curve=CurveClient.from_config(client_config(args)))
+    address = bookie
+    if args.metadata:
+        from zbk.metadata.resolver import resolve
+
+        store = open_metadata(args)
+        try:
+            address = resolve(store, bookie)
+        finally:
+            store.close()
+    elif not is_address(bookie):
+        raise BadRequestError(f"bookie {bookie} is a name, not host:port: give --metadata URI to find its address")
+    return BookieConnection(bookie, timeout_s=args.timeout, curve=CurveClient.from_config(client_config(args)),
+                            address=address)
 
 
 # -- output --------------------------------------------------------------------------------------

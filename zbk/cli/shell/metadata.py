@@ -24,14 +24,15 @@ def _listbookies(args: argparse.Namespace) -> None:
     from zbk.metadata.registry import list_bookies
 
     regs = list_bookies(open_metadata(args), readonly=args.readonly)
-    data = [{"id": r.bookie_id, "state": r.state, "rack": r.rack, "zone": r.zone, "group": r.isolation_group,
-             "http": r.http_url} for r in regs]
-    out(args, data, lambda d: rows(["bookie", "state", "rack", "zone", "group", "http"],
-                                   [[x["id"], x["state"], x["rack"], x["zone"], x["group"], x["http"]] for x in d]))
+    data = [{"id": r.bookie_id, "address": r.wire_address, "state": r.state, "rack": r.rack, "zone": r.zone,
+             "group": r.isolation_group, "http": r.http_url} for r in regs]
+    out(args, data, lambda d: rows(["bookie", "address", "state", "rack", "zone", "group", "http"],
+                                   [[x["id"], x["address"], x["state"], x["rack"], x["zone"], x["group"], x["http"]]
+                                    for x in d]))
 
 
 def _listledgers_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bookie", metavar="B", help="only ledgers with a fragment on bookie B (host:port)")
+    p.add_argument("--bookie", metavar="B", help="only ledgers with a fragment on bookie B (its id)")
     p.add_argument("--meta", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="only ledgers whose custom metadata has KEY equal to VALUE (repeatable: all must match)")
 

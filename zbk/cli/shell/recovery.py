@@ -93,7 +93,7 @@ def _triggeraudit(args: argparse.Namespace) -> int:
 
 
 def _recover_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bookie", metavar="BOOKIE", help="the bookie to decommission (host:port)")
+    p.add_argument("bookie", metavar="BOOKIE", help="the bookie to decommission (its id)")
 
 
 @command("recover", group=GROUP, summary="decommission: re-replicate everything BOOKIE holds elsewhere",
