@@ -1,5 +1,7 @@
 """The chaos cluster: a 3-member etcd, 5 bookies (some with the journal off) and 2
-`zbk autorecovery` processes, all real processes on loopback, all stopped by PID.
+`zbk autorecovery` processes, all real processes, all stopped by PID: on loopback, or
+(``ClusterSettings.hosts``) each on a host of its own (tests/chaos/hosts.py), which the
+network, power and clock faults need.
 
 :class:`ChaosCluster` starts them, injects the faults of tests/chaos/faults.py, watches for
 processes that exit on their own (an unexpected exit is a finding: it is recorded with the
@@ -22,19 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faults.netcluster import BOOKIE_PORT, ETCD_CLIENT_PORT
+from faults.netfaults import Drop
+from faults.netns import Network
 from helpers.bookie import BookieProcess
 from helpers.etcd import ETCD_DEFAULT_TIMING, EtcdCluster
 from helpers.procs import free_port, start_process, stop_process, tail
 
 from chaos.faults import Fault
+from chaos.hosts import CLIENT_HOST, HostBookie, HostEtcdCluster, Hosts, ar_host, bookie_host
 
 HTTP_TIMEOUT_S = 3.0
 
 
 def http(method: str, port: int, path: str, body: dict[str, Any] | None = None,
-         timeout_s: float = HTTP_TIMEOUT_S) -> Any:
+         timeout_s: float = HTTP_TIMEOUT_S, host: str = "127.0.0.1") -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         raw = resp.read()
     return raw.decode() if path == "/metrics" else json.loads(raw)
@@ -62,26 +68,35 @@ def why_exited(log: Path) -> str:
 
 
 class AutoRecoveryProc:
-    """One `zbk autorecovery` process (a new one, on a new HTTP port, after each kill)."""
+    """One `zbk autorecovery` process (a new one, on a new HTTP port, after each kill); on
+    loopback, or in autorecovery host ``slot`` of ``hosts``."""
 
-    def __init__(self, root: Path, uri: str, name: str, settings: dict[str, object]) -> None:
+    def __init__(self, root: Path, uri: str, name: str, settings: dict[str, object],
+                 hosts: Hosts | None = None, slot: int = 0) -> None:
         self.name = name
         self.log = root / f"{name}.log"
-        self.http_port = free_port()
+        self.hosts = hosts
+        self.slot = slot
+        self.host = ar_host(slot) if hosts is not None else ""
+        self.http_host = hosts.addr(self.host) if hosts is not None else "127.0.0.1"
+        self.http_port = hosts.ar_port(self.host) if hosts is not None else free_port()
         self.uri = uri
-        self.settings = settings
+        self.settings = settings if hosts is None else {**settings, "http_bind_address": self.http_host}
         self.proc: Any = None
 
     @property
     def candidate_id(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.http_host}:{self.http_port}"
 
     def start(self) -> AutoRecoveryProc:
         argv = [sys.executable, "-m", "zbk.cli.main", "autorecovery", "--metadata", self.uri,
                 "--http-port", str(self.http_port)]
         for k, v in self.settings.items():
             argv += ["--set", f"{k}={v}"]
-        self.proc = start_process(argv, self.log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if self.hosts is not None:
+            self.proc = self.hosts.start(self.host, argv, self.log, clock=True)
+        else:
+            self.proc = start_process(argv, self.log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         return self
 
     def alive(self) -> bool:
@@ -89,13 +104,13 @@ class AutoRecoveryProc:
 
     def ready(self) -> bool:
         try:
-            return http("GET", self.http_port, "/heartbeat", timeout_s=1.0) is not None
+            return http("GET", self.http_port, "/heartbeat", timeout_s=1.0, host=self.http_host) is not None
         except (OSError, ValueError):
             return False
 
     def metrics(self) -> str:
         try:
-            return str(http("GET", self.http_port, "/metrics"))
+            return str(http("GET", self.http_port, "/metrics", host=self.http_host))
         except (OSError, ValueError):
             return ""
 
@@ -121,6 +136,10 @@ class Findings:
 class ClusterSettings:
     bookies: int = 5
     journal_off: frozenset[int] = frozenset({3, 4})
+    # Each process on a host of its own (network namespaces, power-loss layers under the
+    # bookies of ``power_loss``, every zbk process on its host's fake clock): tests/chaos/hosts.py.
+    hosts: bool = False
+    power_loss: frozenset[int] = frozenset({1, 4})  # one journal-on bookie, one journal-off
     autorecovery: int = 2
     registration_ttl_s: int = 3
     bookie: dict[str, object] = field(default_factory=lambda: {
@@ -142,7 +161,14 @@ class ChaosCluster:
         self.s = settings
         self.findings = findings
         self.log = log
-        self.etcd = EtcdCluster(root / "etcd", size=3, timing=ETCD_DEFAULT_TIMING)
+        self.hosts: Hosts | None = None
+        self.etcd: EtcdCluster | HostEtcdCluster
+        if settings.hosts:
+            self.hosts = Hosts(root, etcd_members=3, bookies=settings.bookies, autorecovery=settings.autorecovery,
+                               power_loss=settings.power_loss)
+            self.etcd = HostEtcdCluster(self.hosts, ETCD_DEFAULT_TIMING)
+        else:
+            self.etcd = EtcdCluster(root / "etcd", size=3, timing=ETCD_DEFAULT_TIMING)
         self.uri = ""
         self.bookies: list[BookieProcess] = []
         self.autorecovery: list[AutoRecoveryProc] = []
@@ -153,17 +179,24 @@ class ChaosCluster:
         self.paused_bookies: set[int] = set()
         self.readonly_bookies: set[int] = set()
         self.down_etcd: set[int] = set()
+        self.net_faults: dict[int, list[Drop]] = {}  # bookie -> the drops of its partition
+        self.power_cuts: list[dict[str, Any]] = []  # the layers' reports
         self.ar_metrics_of_dead: dict[str, float] = {}
         self._lock = threading.RLock()
 
     # -- start and stop -------------------------------------------------------------------
     def start(self) -> None:
+        if self.hosts is not None:
+            self.hosts.create()  # first: this process joins the clients' host before any thread starts
         self.etcd.start()
         self.uri = self.etcd.uri("chaos")
         for i in range(self.s.bookies):
             settings = {**self.s.bookie, "registration_ttl_s": self.s.registration_ttl_s,
                         "journal_write_data": i not in self.s.journal_off}
-            self.bookies.append(BookieProcess(self.root, self.uri, name=f"b{i}", settings=settings))
+            if self.hosts is not None:
+                self.bookies.append(HostBookie(self.hosts, i, self.uri, settings))
+            else:
+                self.bookies.append(BookieProcess(self.root, self.uri, name=f"b{i}", settings=settings))
         for b in self.bookies:
             b.start(wait=False)
         for b in self.bookies:
@@ -173,7 +206,11 @@ class ChaosCluster:
         self.wait_autorecovery(60)
 
     def start_autorecovery(self) -> AutoRecoveryProc:
-        ar = AutoRecoveryProc(self.root, self.uri, f"ar{self.ar_started}", self.s.autorecovery_settings)
+        # A new process goes to the autorecovery host that has none running now.
+        used = {a.slot for a in self.autorecovery}
+        slot = next((k for k in range(self.s.autorecovery) if k not in used), 0)
+        ar = AutoRecoveryProc(self.root, self.uri, f"ar{self.ar_started}", self.s.autorecovery_settings,
+                              self.hosts, slot)
         self.ar_started += 1
         self.autorecovery.append(ar.start())
         return ar
@@ -200,19 +237,23 @@ class ChaosCluster:
             if b.proc is not None:
                 stop_process(b.proc, timeout_s=10.0)
         self.etcd.stop()
+        if self.hosts is not None:
+            self.hosts.close()
 
     # -- looking --------------------------------------------------------------------------
     def leader(self) -> str | None:
         for a in self.autorecovery:
             if a.alive():
                 try:
-                    return http("GET", a.http_port, "/api/v1/autorecovery/who_is_auditor")["auditor"]
+                    return http("GET", a.http_port, "/api/v1/autorecovery/who_is_auditor",
+                                host=a.http_host)["auditor"]
                 except (OSError, ValueError, KeyError):
                     continue
         return None
 
     def bookie_info(self, i: int) -> dict[str, Any]:
-        return dict(http("GET", self.bookies[i].http_port, "/api/v1/bookie/info"))
+        b = self.bookies[i]
+        return dict(http("GET", b.http_port, "/api/v1/bookie/info", host=b.http_host))
 
     def ar_metric_total(self, name: str) -> float:
         """A counter summed over every autorecovery process of the run (the killed ones as
@@ -223,7 +264,10 @@ class ChaosCluster:
     # -- faults ---------------------------------------------------------------------------
     def inject(self, f: Fault) -> None:
         with self._lock:
-            getattr(self, f"_start_{f.kind}")(f.target)
+            if f.kind in ("bookie_power_cut", "clock_jump"):  # these need the fault's param
+                getattr(self, f"_start_{f.kind}")(f.target, f)
+            else:
+                getattr(self, f"_start_{f.kind}")(f.target)
 
     def end(self, f: Fault) -> None:
         with self._lock:
@@ -254,7 +298,8 @@ class ChaosCluster:
         deadline = time.monotonic() + 20
         while True:  # a bookie restarted a moment ago may not serve HTTP yet
             try:
-                http("PUT", self.bookies[i].http_port, "/api/v1/bookie/state", {"state": state})
+                b = self.bookies[i]
+                http("PUT", b.http_port, "/api/v1/bookie/state", {"state": state}, host=b.http_host)
                 return
             except (OSError, ValueError) as e:
                 if time.monotonic() > deadline:
@@ -301,6 +346,50 @@ class ChaosCluster:
         while len(self.autorecovery) < self.s.autorecovery:
             self.start_autorecovery()
 
+    # -- faults of the hosts ----------------------------------------------------------------
+    @property
+    def net(self) -> Network:
+        assert self.hosts is not None, "network faults need ClusterSettings(hosts=True)"
+        return self.hosts.net
+
+    def _start_bookie_isolate(self, i: int) -> None:
+        self.net_faults[i] = self.net.faults.isolate(bookie_host(i))
+
+    def _start_bookie_zombie(self, i: int) -> None:
+        self.net_faults[i] = self.net.faults.zombie(bookie_host(i), [CLIENT_HOST], port=BOOKIE_PORT)
+
+    def _start_bookie_lose_etcd(self, i: int) -> None:
+        assert self.hosts is not None
+        self.net_faults[i] = self.net.faults.lose_etcd(bookie_host(i), self.hosts.etcd_hosts, port=ETCD_CLIENT_PORT)
+
+    def _lift(self, i: int) -> None:
+        self.net.faults.lift(self.net_faults.pop(i, []))
+
+    _end_bookie_isolate = _end_bookie_zombie = _end_bookie_lose_etcd = _lift
+
+    def _start_bookie_power_cut(self, i: int, f: Fault) -> None:
+        b = self.bookies[i]
+        assert isinstance(b, HostBookie)
+        self.down_bookies.add(i)
+        report = b.power_cut(torn=bool(f.param), seed=int(f.at_s * 1000))
+        self.power_cuts.append({"bookie": f"b{i}", "at_s": f.at_s, "torn": bool(f.param), **report})
+
+    def _end_bookie_power_cut(self, i: int) -> None:
+        b = self.bookies[i]
+        assert isinstance(b, HostBookie)
+        b.power_on()
+        self.down_bookies.discard(i)
+
+    def _clock(self, target: int) -> Any:
+        assert self.hosts is not None
+        return self.hosts.clocks[self.hosts.clock_hosts[target]]
+
+    def _start_clock_jump(self, target: int, f: Fault) -> None:
+        self._clock(target).set(f.param)
+
+    def _end_clock_jump(self, target: int) -> None:
+        self._clock(target).set(0.0)
+
     # -- supervision and healing ----------------------------------------------------------
     def supervise(self) -> None:
         """Restart what exited without being told to, and record it."""
@@ -319,7 +408,8 @@ class ChaosCluster:
                     self.autorecovery.remove(a)
                     self.retired.append(a)
                     self.start_autorecovery()
-            for i, m in enumerate(self.etcd.members):
+            members: list[Any] = list(self.etcd.members)  # loopback or host members: the same shape
+            for i, m in enumerate(members):
                 if i not in self.down_etcd and m.proc is not None and m.proc.poll() is not None:
                     self.findings.exit(f"etcd member {i} exited with {m.proc.returncode}")
                     m.start()
@@ -327,10 +417,20 @@ class ChaosCluster:
     def heal(self, timeout_s: float = 90.0) -> None:
         """Every process up, every bookie writable: the state a run ends in."""
         with self._lock:
+            if self.hosts is not None:
+                self.net.faults.heal()
+                self.net_faults.clear()
+                for clock in self.hosts.clocks.values():
+                    clock.set(0.0)
             for i in sorted(self.paused_bookies):
                 self._end_bookie_pause(i)
             for i in sorted(self.down_bookies):
-                self._end_bookie_kill(i)
+                b = self.bookies[i]
+                if isinstance(b, HostBookie) and b.disk is not None and b.disk.proc is not None \
+                        and b.disk.stats().get("dead"):
+                    self._end_bookie_power_cut(i)
+                else:
+                    self._end_bookie_kill(i)
             for i in sorted(self.down_etcd):
                 self._end_etcd_kill(i)
             for i in sorted(self.readonly_bookies):

@@ -23,7 +23,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from faults.history import HistoryRecorder
 
 from chaos import checks
 from chaos.cluster import UNCLEAN_REPAIRS, ChaosCluster, ClusterSettings, Findings
-from chaos.faults import KIND_LABELS, KINDS, Fault, PlanSettings, make_plan
+from chaos.faults import HOST_KINDS, KIND_LABELS, LOOPBACK_KINDS, Fault, PlanSettings, make_plan
 from chaos.workload import CLIENT, DEFAULT_WRITERS, Workload, WriterSpec
 from zbk.client import metrics as client_metrics
 from zbk.client.bookkeeper import AsyncBookKeeper
@@ -50,9 +50,16 @@ class ChaosConfig:
     rate_per_writer: float = 250.0  # entries/s
     writers: tuple[WriterSpec, ...] = DEFAULT_WRITERS
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    # The fault kinds of the plan; any of HOST_KINDS puts the cluster on hosts (root needed).
+    kinds: tuple[str, ...] = LOOPBACK_KINDS
+
+    def cluster_settings(self) -> ClusterSettings:
+        return replace(self.cluster, hosts=True) if set(self.kinds) & set(HOST_KINDS) else self.cluster
 
     def plan_settings(self) -> PlanSettings:
-        return PlanSettings(fault_s=self.fault_s, bookies=self.cluster.bookies, journal_off=self.cluster.journal_off)
+        c = self.cluster_settings()
+        return PlanSettings(fault_s=self.fault_s, kinds=self.kinds, bookies=c.bookies, journal_off=c.journal_off,
+                            power_loss=c.power_loss, clocks=c.bookies + c.autorecovery)
 
 
 @dataclass
@@ -60,7 +67,8 @@ class ChaosReport:
     seed: int
     fault_s: float
     plan: list[Fault]
-    injected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    kinds: tuple[str, ...] = LOOPBACK_KINDS
+    injected: dict[str, int] = field(default_factory=dict)
     entries_acked: int = 0
     entries_lost: int = 0
     entries_read: int = 0
@@ -72,6 +80,7 @@ class ChaosReport:
     tails: int = 0
     tails_to_close: int = 0
     ensemble_changes: int = 0
+    power_cuts: list[dict[str, Any]] = field(default_factory=list)  # each layer's report of its cut
     rereplicated_ledgers: float = 0.0
     rereplicated_entries: float = 0.0
     limbo_repaired: float = 0.0
@@ -103,6 +112,9 @@ class ChaosReport:
             out.append(f"the cluster did not heal: {self.heal_error}")
         out += self.persistence_problems + self.checker_red + self.violations + self.client_errors + self.unexpected_exits
         out += self.log_exceptions
+        missing = [k for k in self.kinds if not self.injected.get(k)]
+        if missing and self.plan:
+            out.append(f"fault kinds never injected: {', '.join(missing)}")
         if self.time_to_full_replication_s is None:
             out.append(f"not fully replicated after the settle time: {self.replication}")
         if self.entries_acked == 0:
@@ -115,7 +127,7 @@ class ChaosReport:
         rows = [f"chaos run: seed {self.seed}, {self.fault_s:.0f} s of faults, {self.elapsed_s:.0f} s in all "
                 f"(replay: ZBK_CHAOS_SEED={self.seed}, or bench/chaos.py --seed {self.seed})",
                 "faults injected by kind:"]
-        rows += [f"  {KIND_LABELS[k]:<36}{self.injected[k]:>9}" for k in KINDS]
+        rows += [f"  {KIND_LABELS[k]:<36}{self.injected.get(k, 0):>9}" for k in self.kinds]
         rows += [f"  {'total':<36}{sum(self.injected.values()):>9}",
                  f"{'entries acknowledged':<38}{self.entries_acked:>9,}",
                  f"{'entries lost (must be 0)':<38}{self.entries_lost:>9,}",
@@ -126,6 +138,10 @@ class ChaosReport:
                  f"{'tailing reads (entries / tails)':<38}{self.tail_entries:>9,}  ({self.tails} tails, "
                  f"{self.tails_to_close} followed to the close)",
                  f"{'client ensemble changes':<38}{self.ensemble_changes:>9}",
+                 *([f"{'power cuts: unsynced bytes dropped':<38}"
+                    f"{sum(c.get('unsynced_bytes_lost', 0) for c in self.power_cuts):>9,}  "
+                    f"({sum(1 for c in self.power_cuts if c.get('torn'))} of {len(self.power_cuts)} torn)"]
+                   if self.power_cuts else []),
                  f"{'re-replicated by autorecovery':<38}{self.rereplicated_ledgers:>9.0f}  ledgers, "
                  f"{self.rereplicated_entries:.0f} entries",
                  f"{'limbo (BP-46): put in / repaired':<38}{self.phase_one_ledgers:>9}  / {self.limbo_repaired:.0f} "
@@ -180,12 +196,12 @@ def run_chaos(cfg: ChaosConfig, root: Path, log: Callable[[str], None] = print) 
 def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosReport:
     t_start = time.monotonic()
     plan = make_plan(cfg.seed, cfg.plan_settings())
-    report = ChaosReport(cfg.seed, cfg.fault_s, plan)
+    report = ChaosReport(cfg.seed, cfg.fault_s, plan, cfg.kinds, dict.fromkeys(cfg.kinds, 0))
     log(f"chaos: seed {cfg.seed}, {cfg.fault_s:.0f} s of faults, "
         f"{len(plan)} planned; logs and data in {root}")
     (root / "plan.txt").write_text("\n".join(f.describe() for f in plan) + "\n")
     findings = Findings()
-    cluster = ChaosCluster(root, cfg.cluster, findings, log)
+    cluster = ChaosCluster(root, cfg.cluster_settings(), findings, log)
     workload: Workload | None = None
     history = HistoryRecorder(root / "history.jsonl")
     changes_before = client_metrics.ENSEMBLE_CHANGES._value.get()
@@ -359,6 +375,7 @@ def _fill_report(report: ChaosReport, cluster: ChaosCluster, workload: Workload 
         report.violations = list(workload.violations)
         report.client_errors += list(workload.client_errors)
     report.ensemble_changes = int(client_metrics.ENSEMBLE_CHANGES._value.get() - changes_before)
+    report.power_cuts = list(cluster.power_cuts)
     report.rereplicated_ledgers = cluster.ar_metric_total("zbk_replicator_ledgers_replicated_total")
     report.rereplicated_entries = cluster.ar_metric_total("zbk_replicator_entries_copied_total")
     report.limbo_repaired = cluster.ar_metric_total("zbk_replicator_limbo_ledgers_repaired_total")

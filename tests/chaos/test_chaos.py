@@ -19,7 +19,15 @@ from helpers.bookie import BookieProcess
 from helpers.procs import stop_process
 
 from chaos import checks
-from chaos.faults import BOOKIE_KINDS, KINDS, PlanSettings, make_plan, plan_counts
+from chaos.faults import (
+    BOOKIE_KINDS,
+    CRASH_KINDS,
+    KINDS,
+    LOOPBACK_KINDS,
+    PlanSettings,
+    make_plan,
+    plan_counts,
+)
 from chaos.harness import ChaosConfig, ChaosReport, run_chaos
 from chaos.workload import CLIENT, PASSWORD, LedgerRecord, payload
 from zbk.client.bookkeeper import AsyncBookKeeper
@@ -47,7 +55,7 @@ def test_chaos_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         report = run_chaos(ChaosConfig(seed=seed, fault_s=fault_s), root)
         print(report.table())
-    assert all(report.injected[k] >= 1 for k in KINDS), report.injected
+    assert all(report.injected[k] >= 1 for k in LOOPBACK_KINDS), report.injected
     assert not report.failures(), report.table()
 
 
@@ -57,21 +65,25 @@ def test_plan_is_a_function_of_the_seed() -> None:
     assert make_plan(7, s) != make_plan(8, s)
 
 
+@pytest.mark.parametrize("kinds", [LOOPBACK_KINDS, KINDS], ids=["loopback", "hosts"])
 @pytest.mark.parametrize("fault_s", [45.0, 180.0, 1800.0])
-def test_plan_injects_every_kind_within_its_limits(fault_s: float) -> None:
-    s = PlanSettings(fault_s=fault_s)
+def test_plan_injects_every_kind_within_its_limits(fault_s: float, kinds: tuple[str, ...]) -> None:
+    s = PlanSettings(fault_s=fault_s, kinds=kinds)
     for seed in SEEDS if fault_s < 1000 else range(20):
         plan = make_plan(seed, s)
-        assert all(n >= 1 for n in plan_counts(plan).values()), (seed, plan_counts(plan))
+        assert {f.kind for f in plan} == set(kinds), (seed, plan_counts(plan))
         assert [f.at_s for f in plan] == sorted(f.at_s for f in plan)
         assert all(f.end_s <= fault_s and f.duration_s > 0 for f in plan)
         first_kill = next(f for f in plan if f.kind == "bookie_kill")
         assert first_kill.target in s.journal_off and first_kill.duration_s <= s.short_kill_s[1]
+        assert all(f.target in s.power_loss for f in plan if f.kind == "bookie_power_cut")
+        assert all(0 <= f.target < s.clocks and abs(f.param) >= s.clock_jump_s[0] for f in plan
+                   if f.kind == "clock_jump")
         for f in plan:
             def busy(g, f=f):  # noqa: ANN001
                 settle = s.restart_settle_s
-                return (g.at_s < f.end_s + (settle if f.kind == "bookie_kill" else 0)
-                        and f.at_s < g.end_s + (settle if g.kind == "bookie_kill" else 0))
+                return (g.at_s < f.end_s + (settle if f.kind in CRASH_KINDS else 0)
+                        and f.at_s < g.end_s + (settle if g.kind in CRASH_KINDS else 0))
             # Faults that started before f and still run when f starts or during it: at the
             # instant the latest of any set of overlapping faults starts, all of them run.
             during = [g for g in plan if g is not f and g.at_s <= f.at_s and busy(g)]
@@ -81,8 +93,8 @@ def test_plan_injects_every_kind_within_its_limits(fault_s: float) -> None:
                 assert len(others) < s.bookie_faults_max, (seed, f, during)
             else:
                 assert not any(g.kind == f.kind for g in during), (seed, f)
-            if f.kind == "bookie_kill" and f.target in s.journal_off:
-                assert not any(g.kind == "bookie_kill" and g.target in s.journal_off and g is not f
+            if f.kind in CRASH_KINDS and f.target in s.journal_off:
+                assert not any(g.kind in CRASH_KINDS and g.target in s.journal_off and g is not f
                                and abs(g.at_s - f.at_s) < s.journal_off_kill_spacing_s for g in plan), (seed, f)
 
 

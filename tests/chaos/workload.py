@@ -309,7 +309,11 @@ class Workload:
         assert self._recover_q is not None
         bk = await self._client()
         try:
-            while not (self._stop_readers.is_set() and self._recover_q.empty()):
+            # Once told to stop, it finishes the recovery under way and leaves its queue to the
+            # end checks, which recover every ledger still open (checks.recover_all): after
+            # a run with many failed writers the queue can hold minutes of recoveries, which
+            # are not the workload's to finish within its bounded stop.
+            while not self._stop_readers.is_set():
                 try:
                     lid = await asyncio.wait_for(self._recover_q.get(), 0.5)
                 except TimeoutError:

@@ -4,7 +4,10 @@ was made: processes, namespaces and faults are not its business.
 
     python -m tests.faults.checker HISTORY [HISTORY ...] FINAL_STATE [--json] [--all]
 
-prints a table of verdicts and exits 1 if any is red (2 if an input cannot be read).
+prints a table of verdicts and exits 1 if any is red (2 if an input cannot be read). The
+history files are read a line at a time and judged as they come; what the check keeps grows
+with the entries of the ledgers (under 100 bytes an entry, the final state's digests
+included), not with the size of the history.
 
 The properties
 --------------
@@ -39,14 +42,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zbk.errors import EXIT_USAGE, CorruptDataError
 
-from .history import Event, FinalLedger, FinalState, History, Seen
+from .history import Event, FinalLedger, FinalState, History, Seen, iter_history
 
 PROPERTIES: tuple[tuple[str, str], ...] = (
     ("history", "well-formed history"),
@@ -140,29 +144,109 @@ class CheckResult:
 
 
 # -- the pass over the history ------------------------------------------------------------------
-@dataclass(slots=True)
-class _Op:
-    invoke: Event
-    done: Event | None = None
+# The checker judges the events as they come (a 30-minute chaos run writes several hundred
+# megabytes of history): an operation is judged when its completion arrives, or at the end
+# if none does. It keeps the operations still open, a code per op id (to pair completions),
+# and per ledger a code and an op id per entry id that an append claimed; reads are compared
+# with the final state as they arrive, and only disagreements are kept.
+_NONE, _OPEN, _OK, _FAIL, _INFO = range(5)
+_CODE = {"ok": _OK, "fail": _FAIL, "info": _INFO}
+_TYPE = {_OK: "ok", _FAIL: "fail", _INFO: "info"}
+_DENSE_MAX = 1 << 28  # op and entry ids below this are kept in arrays; others in dicts
+_SOURCE_SHIFT = 40
 
-    @property
-    def outcome(self) -> str:
-        return "none" if self.done is None else self.done.type
+
+def _pack(ev: Event) -> int:
+    """An event's operation as one int: its ref is rebuilt from it (:func:`_ref`)."""
+    return (ev.source << _SOURCE_SHIFT) | ev.op if 0 <= ev.op < (1 << _SOURCE_SHIFT) else -1
 
 
-@dataclass(frozen=True, slots=True)
-class _Append:
-    digest: str
-    outcome: str  # ok, info or none (a fail claims no id)
-    ref: str
+def _ref(packed: int, fallback: str = "op ?") -> str:
+    if packed < 0:
+        return fallback
+    source, op = packed >> _SOURCE_SHIFT, packed & ((1 << _SOURCE_SHIFT) - 1)
+    return f"op {op}" if source == 0 else f"op {source}:{op}"
+
+
+class _Codes:
+    """A small code per non-negative int id: a bytearray for ids below _DENSE_MAX, else a dict."""
+
+    __slots__ = ("dense", "sparse")
+
+    def __init__(self) -> None:
+        self.dense = bytearray()
+        self.sparse: dict[int, int] = {}
+
+    def get(self, i: int) -> int:
+        if 0 <= i < len(self.dense):
+            return self.dense[i]
+        return self.sparse.get(i, 0)
+
+    def set(self, i: int, code: int) -> None:
+        if 0 <= i < _DENSE_MAX:
+            if i >= len(self.dense):
+                self.dense.extend(bytes(max(i + 1 - len(self.dense), len(self.dense) // 2)))
+            self.dense[i] = code
+        else:
+            self.sparse[i] = code
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """(id, code) for every id whose code is not 0, ids ascending."""
+        sparse = sorted(self.sparse.items())
+        yield from ((i, c) for i, c in sparse if i < 0)
+        yield from ((i, c) for i, c in enumerate(self.dense) if c)
+        yield from ((i, c) for i, c in sparse if i >= 0 and c)
+
+
+class _Claims:
+    """The entry ids appends claimed on one ledger: outcome code and op of each."""
+
+    __slots__ = ("codes", "ops", "refs", "top")
+
+    def __init__(self) -> None:
+        self.codes = _Codes()
+        self.ops = array("q")  # packed op by entry id (dense ids only)
+        self.refs: dict[int, str] = {}  # ref by entry id where the op does not pack or the id is not dense
+        self.top = -1
+
+    def add(self, eid: int, code: int, ev: Event) -> None:
+        self.codes.set(eid, code)
+        packed = _pack(ev)
+        if 0 <= eid < _DENSE_MAX and packed >= 0:
+            if eid >= len(self.ops):
+                self.ops.extend([-1] * (eid + 1 - len(self.ops)))
+            self.ops[eid] = packed
+        else:
+            self.refs[eid] = ev.ref
+        self.top = max(self.top, eid)
+
+    def ref(self, eid: int) -> str:
+        if eid in self.refs:
+            return self.refs[eid]
+        return _ref(self.ops[eid] if 0 <= eid < len(self.ops) else -1)
+
+    def outcome(self, eid: int) -> str:
+        return "ok" if self.codes.get(eid) == _OK else "info"
 
 
 @dataclass(slots=True)
 class _View:
     ledger: int
-    first: int | None
-    seen: list[tuple[Seen, str]] = field(default_factory=list)  # in the order returned, with the op
+    start: int | None = None  # the first id expected (None until known)
+    expected: int = 0
+    last: int | None = None  # the last entry seen
+    seen: int = 0  # entries seen
+    reported: bool = False  # a phantom from a ledger the final state lacks: said once
+    order_bad: bool = False
+    phantom_bad: bool = False
     ended: str = ""  # the op whose tail step found the ledger closed and ended
+
+
+@dataclass(slots=True)
+class _Acked:
+    top: int = -1
+    top_ref: str = ""
+    beyond: int = 0  # acknowledged entries beyond the final close
 
 
 def _indeterminate(outcome: str) -> bool:
@@ -173,69 +257,82 @@ class _Checker:
     def __init__(self, final: FinalState) -> None:
         self.final = final
         self.v = {name: Verdict(name, title) for name, title in PROPERTIES}
+        # Malformed operations (as opposed to lines that do not pair): reported after those.
+        self.malformed = Verdict("history", "")
         self.notes: list[str] = []
-        self.ops: dict[tuple[int, int], _Op] = {}  # in invoke order
-        self.appends: dict[int, dict[int, _Append]] = {}  # ledger -> entry id -> the append claiming it
+        self.codes: dict[int, _Codes] = {}  # source -> op id -> _OPEN or its completion's code
+        self.open: dict[tuple[int, int], Event] = {}  # invoked, not completed, in invoke order
+        self.next_id: dict[int, int] = {}
+        self.claims: dict[int, _Claims] = {}  # ledger -> what its appends claimed (fail ones claim nothing)
+        self.acked: dict[int, _Acked] = {}
+        self.absent_indeterminate: dict[int, list[int]] = {}  # ledger -> indeterminate ids not in the final state
         self.written: set[int] = set()  # ledgers whose writer is in the history (a create or an append)
         self.views: dict[tuple[Any, ...], _View] = {}
-        self.seen: dict[int, dict[int, dict[str, list[str]]]] = {}  # ledger -> entry -> digest -> ops
+        self.read: dict[int, _Codes] = {}  # ledger -> entry ids some read returned
+        # ledger -> the first REFS_PER_DIGEST reads (packed ops) of each entry that agreed with
+        # the final state, REFS_PER_DIGEST slots an entry id (-2: free)
+        self.agreed: dict[int, array[int]] = {}
+        self.disagree: dict[tuple[int, int], dict[str, list[str]]] = {}  # reads unlike the final state, or of
+        # entries it lacks: (ledger, entry) -> digest -> ops
         self.closes: dict[int, list[tuple[int, str]]] = {}  # ledger -> (last entry, op) of each close seen
         self.lacs: dict[int, tuple[int, str]] = {}  # ledger -> the highest LAC seen, and where
 
     # -- pairing ---------------------------------------------------------------------------------
     def feed(self, ev: Event) -> None:
         bad = self.v["history"]
+        codes = self.codes.setdefault(ev.source, _Codes())
+        code = codes.get(ev.op)
         key = (ev.source, ev.op)
         if ev.type == "invoke":
-            if key in self.ops:
+            if code != _NONE:
                 bad.add("invoked-twice", ev.ledger, None, f"a second invoke of the same op ({ev.kind})", ev.ref)
             else:
-                self.ops[key] = _Op(ev)
+                codes.set(ev.op, _OPEN)
+                self.open[key] = ev
+                self.v["history"].checked += 1
             return
-        o = self.ops.get(key)
-        if o is None:
+        if code == _NONE:
             bad.add("no-invoke", ev.ledger, None, f"a {ev.type} of {ev.kind} that was never invoked", ev.ref)
-        elif o.done is not None:
-            bad.add("completed-twice", ev.ledger, None, f"{ev.kind} completed as {o.done.type}, then {ev.type}",
+            return
+        if code != _OPEN:
+            bad.add("completed-twice", ev.ledger, None, f"{ev.kind} completed as {_TYPE[code]}, then {ev.type}",
                     ev.ref)
-        elif (ev.kind, ev.process) != (o.invoke.kind, o.invoke.process):
-            bad.add("mismatch", ev.ledger, None, f"invoked as {o.invoke.kind} by {o.invoke.process}, completed "
+            return
+        inv = self.open[key]
+        if (ev.kind, ev.process) != (inv.kind, inv.process):
+            bad.add("mismatch", ev.ledger, None, f"invoked as {inv.kind} by {inv.process}, completed "
                     f"as {ev.kind} by {ev.process}", ev.ref)
-        else:
-            o.done = ev
+            return
+        del self.open[key]
+        codes.set(ev.op, _CODE[ev.type])
+        self._judge(inv, ev)
 
     # -- what each operation tells ---------------------------------------------------------------
-    def digest_ops(self) -> None:
-        next_id: dict[int, int] = {}
-        for key, o in self.ops.items():
-            kind, done = o.invoke.kind, o.done
-            self.v["history"].checked += 1
-            if kind == "append":  # completed or not: one never completed is indeterminate
-                self._append(o, next_id)
-            elif done is None:
-                continue
-            elif kind in ("read", "tail"):
-                self._observe(key, o)
-            elif kind == "create" and done.type == "ok":
-                if done.ledger is None:
-                    self.v["history"].add("no-ledger", None, None, "a create confirmed without its ledger id",
-                                          done.ref)
-                else:
-                    self.written.add(done.ledger)
-            elif kind in ("read_lac", "open", "open_recover", "close") and done.type == "ok":
-                self._bound(o)
-        pending = sum(1 for o in self.ops.values() if o.done is None)
-        if pending:
-            self.notes.append(f"{pending} operation(s) never completed: judged indeterminate")
+    def _judge(self, inv: Event, done: Event | None) -> None:
+        kind = inv.kind
+        if kind == "append":  # completed or not: one never completed is indeterminate
+            self._append(inv, done)
+        elif done is None:
+            return
+        elif kind in ("read", "tail"):
+            self._observe(inv, done)
+        elif kind == "create" and done.type == "ok":
+            if done.ledger is None:
+                self.malformed.add("no-ledger", None, None, "a create confirmed without its ledger id", done.ref)
+            else:
+                self.written.add(done.ledger)
+        elif kind in ("read_lac", "open", "open_recover", "close") and done.type == "ok":
+            self._bound(inv, done)
 
-    def _append(self, o: _Op, next_id: dict[int, int]) -> None:
-        inv, done, bad = o.invoke, o.done, self.v["history"]
+    def _append(self, inv: Event, done: Event | None) -> None:
+        bad = self.malformed
         if inv.ledger is None or inv.digest is None:
             bad.add("bad-append", inv.ledger, inv.entry, "an append without its ledger or payload digest", inv.ref)
             return
         lid = inv.ledger
         self.written.add(lid)
-        if o.outcome == "fail":
+        outcome = "none" if done is None else done.type
+        if outcome == "fail":
             return
         eid = inv.entry
         if done is not None and done.type == "ok" and done.entry is not None:
@@ -243,44 +340,126 @@ class _Checker:
                 bad.add("renumbered", lid, eid, f"appended as entry {eid}, confirmed as entry {done.entry}",
                         inv.ref)
             eid = done.entry
-        if eid is None:  # ids follow invocation order on a ledger (one writer)
-            eid = next_id.get(lid, 0)
-        next_id[lid] = max(next_id.get(lid, 0), eid + 1)
-        mine = self.appends.setdefault(lid, {})
-        other = mine.get(eid)
-        if other is not None:
-            bad.add("same-id", lid, eid, "two appends claim this entry id", other.ref, inv.ref)
+        if eid is None:  # ids follow the order of a ledger's appends (one writer)
+            eid = self.next_id.get(lid, 0)
+        self.next_id[lid] = max(self.next_id.get(lid, 0), eid + 1)
+        mine = self.claims.setdefault(lid, _Claims())
+        if mine.codes.get(eid):
+            bad.add("same-id", lid, eid, "two appends claim this entry id", mine.ref(eid), inv.ref)
             return
-        mine[eid] = _Append(inv.digest, o.outcome, inv.ref)
+        mine.add(eid, _OK if outcome == "ok" else _INFO, inv)
+        f = self.final.ledgers.get(lid)
+        if outcome == "ok":
+            self._lost(lid, eid, inv, f)
+        elif f is not None and eid in f.entries:
+            if f.entries[eid] != inv.digest:
+                self.v["indeterminate"].add("wrong-payload", lid, eid, f"an indeterminate add of {inv.digest[:12]} "
+                                            f"is present as {f.entries[eid][:12]}", inv.ref)
+        elif f is not None:
+            self.absent_indeterminate.setdefault(lid, []).append(eid)
 
-    def _observe(self, key: tuple[int, int], o: _Op) -> None:
-        inv, done = o.invoke, o.done
-        assert done is not None
+    def _lost(self, lid: int, eid: int, inv: Event, f: FinalLedger | None) -> None:
+        v = self.v["lost"]
+        v.checked += 1
+        a = self.acked.setdefault(lid, _Acked())
+        if eid > a.top:
+            a.top, a.top_ref = eid, inv.ref
+        if f is None:
+            v.add("ledger-missing", lid, eid, "acknowledged; the ledger is not in the final state", inv.ref)
+        elif f.closed and eid > f.last_entry:
+            a.beyond += 1
+            v.add("beyond-close", lid, eid, f"acknowledged; the ledger closed at {f.last_entry}", inv.ref)
+        elif eid not in f.entries:
+            v.add("missing", lid, eid, "acknowledged; not read back after healing", inv.ref)
+        elif f.entries[eid] != inv.digest:
+            assert inv.digest is not None
+            v.add("changed", lid, eid, f"acknowledged with {inv.digest[:12]}, read back as "
+                  f"{f.entries[eid][:12]}", inv.ref)
+
+    def _observe(self, inv: Event, done: Event) -> None:
         if inv.ledger is None:
-            self.v["history"].add("bad-read", None, None, f"a {inv.kind} without its ledger", inv.ref)
+            self.malformed.add("bad-read", None, None, f"a {inv.kind} without its ledger", inv.ref)
             return
-        vkey: tuple[Any, ...] = ("view", inv.source, inv.view) if inv.kind == "tail" and inv.view else ("op", key)
+        lid = inv.ledger
+        tail = inv.kind == "tail" and bool(inv.view)
+        vkey: tuple[Any, ...] = ("view", inv.source, inv.view) if tail else ("op", inv.source, inv.op)
         view = self.views.get(vkey)
         if view is None:
-            view = self.views[vkey] = _View(inv.ledger, inv.first)
-        elif view.ledger != inv.ledger:
-            self.v["history"].add("bad-read", inv.ledger, None, f"tail view {inv.view!r} moved from ledger "
-                                  f"{view.ledger} to ledger {inv.ledger}", inv.ref)
+            view = self.views[vkey] = _View(lid, inv.first)
+            self.v["prefix"].checked += 1
+        elif view.ledger != lid:
+            self.malformed.add("bad-read", lid, None, f"tail view {inv.view!r} moved from ledger "
+                                  f"{view.ledger} to ledger {lid}", inv.ref)
             return
+        f = self.final.ledgers.get(lid)
+        read = self.read.setdefault(lid, _Codes())
         for s in done.entries or ():
-            view.seen.append((s, done.ref))
-            refs = self.seen.setdefault(inv.ledger, {}).setdefault(s.entry, {}).setdefault(s.digest, [])
-            if len(refs) < REFS_PER_DIGEST:
-                refs.append(done.ref)
+            if not read.get(s.entry):
+                read.set(s.entry, 1)
+                self.v["divergent"].checked += 1
+            if f is None or s.entry not in f.entries or f.entries[s.entry] != s.digest:
+                refs = self.disagree.setdefault((lid, s.entry), {}).setdefault(s.digest, [])
+                if len(refs) < REFS_PER_DIGEST:
+                    refs.append(done.ref)
+            elif 0 <= s.entry < _DENSE_MAX:  # kept to name it beside a disagreeing read, should one come
+                agreed = self.agreed.setdefault(lid, array("q"))
+                at = REFS_PER_DIGEST * s.entry
+                if at >= len(agreed):
+                    agreed.extend([-2] * (at + REFS_PER_DIGEST - len(agreed)))
+                free = next((i for i in range(at, at + REFS_PER_DIGEST) if agreed[i] == -2), None)
+                if free is not None:
+                    agreed[free] = _pack(done)
+            self._step(view, s, done.ref, f)
         if done.type == "ok" and done.end:
             view.ended = done.ref
+        if not tail:  # a read is a view of its own, whole now
+            self._view_end(self.views.pop(vkey), f)
 
-    def _bound(self, o: _Op) -> None:
-        inv, done = o.invoke, o.done
-        assert done is not None
+    def _step(self, view: _View, s: Seen, ref: str, f: FinalLedger | None) -> None:
+        """One entry of a reader's view, in the order returned."""
+        v, lid = self.v["prefix"], view.ledger
+        if view.start is None:
+            view.start = s.entry
+        if view.last is None:
+            view.expected = view.start
+        if f is None:
+            if not view.reported:
+                view.reported = True
+                v.add("phantom", lid, s.entry, "read from a ledger that is not in the final state", ref)
+            view.last = s.entry
+            return
+        if s.entry != view.expected and not view.order_bad:
+            view.order_bad = True
+            v.add("reordered", lid, s.entry, f"position {view.seen} of a view from {view.start} is entry "
+                  f"{s.entry}, expected {view.expected}", ref)
+        view.seen += 1
+        view.expected = s.entry + 1
+        view.last = s.entry
+        if view.phantom_bad:
+            return
+        if f.closed and s.entry > f.last_entry:
+            view.phantom_bad = True
+            v.add("phantom", lid, s.entry, f"read; the ledger closed at {f.last_entry}", ref)
+        elif s.entry in f.entries and f.entries[s.entry] != s.digest:
+            view.phantom_bad = True
+            v.add("phantom", lid, s.entry, f"read as {s.digest[:12]}; the final ledger holds "
+                  f"{f.entries[s.entry][:12]} there", ref)
+        elif s.entry not in f.entries and s.entry <= f.last_entry:
+            view.phantom_bad = True
+            v.add("absent", lid, s.entry, "read; not read back after healing", ref)
+
+    def _view_end(self, view: _View, f: FinalLedger | None) -> None:
+        if view.ended and f is not None and f.closed:
+            start = view.start if view.start is not None else 0
+            end = view.last if view.last is not None else start - 1
+            if end < f.last_entry:
+                self.v["prefix"].add("ended-short", view.ledger, end, f"a tail from {start} ended at the close after "
+                                     f"entry {end}; the ledger closed at {f.last_entry}", view.ended)
+
+    def _bound(self, inv: Event, done: Event) -> None:
         lid = done.ledger if done.ledger is not None else inv.ledger
         if lid is None or done.last is None:
-            self.v["history"].add("bad-bound", lid, None, f"a {inv.kind} confirmed without its ledger or last entry",
+            self.malformed.add("bad-bound", lid, None, f"a {inv.kind} confirmed without its ledger or last entry",
                                   done.ref)
             return
         closing = inv.kind in ("open_recover", "close") or (inv.kind == "open" and bool(done.closed))
@@ -289,49 +468,38 @@ class _Checker:
         elif done.last > self.lacs.get(lid, (-2, ""))[0]:
             self.lacs[lid] = (done.last, done.ref)
 
-    # -- the properties ---------------------------------------------------------------------------
-    def lost(self) -> None:
-        v = self.v["lost"]
-        v.unit = "acknowledged entries"
-        for lid, mine in sorted(self.appends.items()):
-            f = self.final.ledgers.get(lid)
-            for eid, a in sorted(mine.items()):
-                if a.outcome != "ok":
-                    continue
-                v.checked += 1
-                if f is None:
-                    v.add("ledger-missing", lid, eid, "acknowledged; the ledger is not in the final state", a.ref)
-                elif f.closed and eid > f.last_entry:
-                    v.add("beyond-close", lid, eid, f"acknowledged; the ledger closed at {f.last_entry}", a.ref)
-                elif eid not in f.entries:
-                    v.add("missing", lid, eid, "acknowledged; not read back after healing", a.ref)
-                elif f.entries[eid] != a.digest:
-                    v.add("changed", lid, eid, f"acknowledged with {a.digest[:12]}, read back as "
-                          f"{f.entries[eid][:12]}", a.ref)
+    # -- the properties, once every event is in ---------------------------------------------------
+    def finish_ops(self) -> None:
+        pending = list(self.open.values())
+        self.open.clear()
+        for inv in pending:
+            self._judge(inv, None)
+        if pending:
+            self.notes.append(f"{len(pending)} operation(s) never completed: judged indeterminate")
+        for key in list(self.views):
+            view = self.views.pop(key)
+            self._view_end(view, self.final.ledgers.get(view.ledger))
 
     def persistence(self) -> None:
         v = self.v["persistence"]
         v.unit = "closed ledgers"
-        ledgers = set(self.appends) | set(self.closes) | set(self.lacs)
+        ledgers = set(self.claims) | set(self.closes) | set(self.lacs)
         unjudged = []
         for lid in sorted(ledgers):
             f = self.final.ledgers.get(lid)
             if f is None:
                 continue  # its acknowledged entries are lost; nothing is closed to judge
+            a = self.acked.get(lid)
             if not f.closed:
                 for last, ref in self.closes.get(lid, ()):
                     v.add("reopened", lid, None, f"seen closed at {last}; not closed in the final state", ref)
-                if any(a.outcome == "ok" for a in self.appends.get(lid, {}).values()):
+                if a is not None:
                     unjudged.append(lid)
                 continue
             v.checked += 1
-            acked = [(eid, a) for eid, a in self.appends.get(lid, {}).items() if a.outcome == "ok"]
-            if acked:
-                top, a = max(acked, key=lambda t: t[0])
-                if top > f.last_entry:
-                    n = sum(1 for eid, _ in acked if eid > f.last_entry)
-                    v.add("below-ack", lid, top, f"closed at {f.last_entry}, below acknowledged entry {top} "
-                          f"({n} acknowledged entries beyond the close)", a.ref)
+            if a is not None and a.top > f.last_entry:
+                v.add("below-ack", lid, a.top, f"closed at {f.last_entry}, below acknowledged entry {a.top} "
+                      f"({a.beyond} acknowledged entries beyond the close)", a.top_ref)
             lac = self.lacs.get(lid)
             if lac is not None and lac[0] > f.last_entry:
                 v.add("below-lac", lid, lac[0], f"closed at {f.last_entry}, below LAC {lac[0]} seen by a reader",
@@ -347,105 +515,64 @@ class _Checker:
     def divergent(self) -> None:
         v = self.v["divergent"]
         v.unit = "entries read"
-        for lid, entries in sorted(self.seen.items()):
+        for (lid, eid), digests in sorted(self.disagree.items()):
             f = self.final.ledgers.get(lid)
-            for eid, digests in sorted(entries.items()):
-                v.checked += 1
-                named = {d: list(refs) for d, refs in digests.items()}
-                if f is not None and eid in f.entries:
-                    named.setdefault(f.entries[eid], []).append("final state")
-                if len(named) > 1:
-                    text = "; ".join(f"{d[:12]} by {', '.join(refs)}" for d, refs in named.items())
-                    v.add("two-payloads", lid, eid, f"read with {len(named)} payloads: {text}",
-                          *(r for refs in named.values() for r in refs if r != "final state"))
-
-    def prefix(self) -> None:
-        v = self.v["prefix"]
-        v.unit = "reader views"
-        for view in self.views.values():
-            v.checked += 1
-            self._one_view(v, view, self.final.ledgers.get(view.ledger))
-
-    def _one_view(self, v: Verdict, view: _View, f: FinalLedger | None) -> None:
-        lid = view.ledger
-        if f is None:
-            if view.seen:
-                s, ref = view.seen[0]
-                v.add("phantom", lid, s.entry, "read from a ledger that is not in the final state", ref)
-            return
-        expected = view.first if view.first is not None else (view.seen[0][0].entry if view.seen else 0)
-        start = expected
-        order_bad = phantom_bad = False
-        for i, (s, ref) in enumerate(view.seen):
-            if s.entry != expected and not order_bad:
-                order_bad = True
-                v.add("reordered", lid, s.entry, f"position {i} of a view from {start} is entry {s.entry}, "
-                      f"expected {expected}", ref)
-            expected = s.entry + 1
-            if phantom_bad:
-                continue
-            if f.closed and s.entry > f.last_entry:
-                phantom_bad = True
-                v.add("phantom", lid, s.entry, f"read; the ledger closed at {f.last_entry}", ref)
-            elif s.entry in f.entries and f.entries[s.entry] != s.digest:
-                phantom_bad = True
-                v.add("phantom", lid, s.entry, f"read as {s.digest[:12]}; the final ledger holds "
-                      f"{f.entries[s.entry][:12]} there", ref)
-            elif s.entry not in f.entries and s.entry <= f.last_entry:
-                phantom_bad = True
-                v.add("absent", lid, s.entry, "read; not read back after healing", ref)
-        if view.ended and f.closed:
-            end = view.seen[-1][0].entry if view.seen else start - 1
-            if end < f.last_entry:
-                v.add("ended-short", lid, end, f"a tail from {start} ended at the close after entry {end}; the "
-                      f"ledger closed at {f.last_entry}", view.ended)
+            named = {d: list(refs) for d, refs in digests.items()}
+            if f is not None and eid in f.entries:
+                agreed = self.agreed.get(lid, array("q"))
+                at = REFS_PER_DIGEST * eid
+                refs = [_ref(p) for p in agreed[at:at + REFS_PER_DIGEST] if p != -2] if eid >= 0 else []
+                named.setdefault(f.entries[eid], []).extend([*refs, "final state"])
+            if len(named) > 1:
+                text = "; ".join(f"{d[:12]} by {', '.join(refs)}" for d, refs in named.items())
+                v.add("two-payloads", lid, eid, f"read with {len(named)} payloads: {text}",
+                      *(r for refs in named.values() for r in refs if r != "final state"))
 
     def indeterminate(self) -> None:
         v = self.v["indeterminate"]
         v.unit = "indeterminate adds"
+        early = v.counterexamples  # wrong payloads, found as the adds came
+        v.counterexamples = []
         for lid in sorted(self.written):
-            mine = self.appends.get(lid, {})
-            v.checked += sum(1 for a in mine.values() if _indeterminate(a.outcome))
+            mine = self.claims.get(lid, _Claims())
+            claimed = list(mine.codes.items())
+            v.checked += sum(1 for _, c in claimed if c == _INFO)
+            v.counterexamples += [c for c in early if c.ledger == lid]
             f = self.final.ledgers.get(lid)
             if f is None:
                 continue
-            present = sorted(f.entries)
-            # The first present appended id after each appended id (ids of one writer are dense).
+            # The first present claimed id after each claimed id (ids of one writer are dense).
             later: dict[int, int] = {}
+            absent = set(self.absent_indeterminate.get(lid, ()))
             nxt: int | None = None
-            for eid in sorted(mine, reverse=True):
-                if nxt is not None:
+            for eid, _ in reversed(claimed):
+                if eid in absent and nxt is not None:
                     later[eid] = nxt
                 if eid in f.entries:
                     nxt = eid
-            for eid, a in sorted(mine.items()):
-                if not _indeterminate(a.outcome):
-                    continue
-                if eid in f.entries:
-                    if f.entries[eid] != a.digest:
-                        v.add("wrong-payload", lid, eid, f"an indeterminate add of {a.digest[:12]} is present as "
-                              f"{f.entries[eid][:12]}", a.ref)
-                elif eid in later:
-                    k = later[eid]
-                    v.add("out-of-order", lid, eid, f"an indeterminate add is absent while entry {k} "
-                          f"({mine[k].outcome}) after it is present", a.ref, mine[k].ref)
-            top = max(mine, default=-1)
-            stray = [e for e in present if e not in mine]
+            for eid in sorted(later):
+                k = later[eid]
+                v.add("out-of-order", lid, eid, f"an indeterminate add is absent while entry {k} "
+                      f"({mine.outcome(k)}) after it is present", mine.ref(eid), mine.ref(k))
+            stray = [e for e in f.entries if not mine.codes.get(e)]
             if stray:
                 v.add("never-appended", lid, stray[0], f"{len(stray)} entr{'y' if len(stray) == 1 else 'ies'} "
                       f"present that no append claimed ({_few(stray)})")
-            if f.closed and f.last_entry > top:
-                v.add("closed-beyond", lid, f.last_entry, f"closed at {f.last_entry}; appends reached entry {top}")
+            if f.closed and f.last_entry > mine.top:
+                v.add("closed-beyond", lid, f.last_entry, f"closed at {f.last_entry}; appends reached entry {mine.top}")
+        v.counterexamples.sort(key=lambda c: (c.ledger if c.ledger is not None else -1))
 
     def result(self, notes: Iterable[str] = ()) -> CheckResult:
         self.v["history"].unit = "operations"
-        self.digest_ops()
-        self.lost()
+        self.v["lost"].unit = "acknowledged entries"
+        self.v["prefix"].unit = "reader views"
+        self.finish_ops()
+        self.v["history"].counterexamples += self.malformed.counterexamples
+        self.v["lost"].counterexamples.sort(key=lambda c: (c.ledger or 0, c.entry or 0))
         self.persistence()
         self.divergent()
-        self.prefix()
         self.indeterminate()
-        missing = sorted(lid for lid in self.written | set(self.seen) if lid not in self.final.ledgers)
+        missing = sorted(lid for lid in self.written | set(self.read) if lid not in self.final.ledgers)
         if missing:
             self.notes.append(f"{len(missing)} ledger(s) of the history not in the final state: {_few(missing)}")
         return CheckResult(self.v, list(notes) + self.notes)
@@ -455,17 +582,24 @@ def _few(ids: list[int], n: int = 8) -> str:
     return ", ".join(map(str, ids[:n])) + (", ..." if len(ids) > n else "")
 
 
-def check(history: History | Iterable[Event], final: FinalState) -> CheckResult:
-    """Every verdict for ``history`` against ``final``."""
+def check(history: History | Iterable[Event], final: FinalState, notes: Iterable[str] = ()) -> CheckResult:
+    """Every verdict for ``history`` (a History, or events as they come) against ``final``."""
     c = _Checker(final)
     events = history.events if isinstance(history, History) else history
     for ev in events:
         c.feed(ev)
-    return c.result(history.notes if isinstance(history, History) else ())
+    return c.result([*history.notes] if isinstance(history, History) else notes)
 
 
-def check_files(histories: Iterable[Path | str], final: Path | str) -> CheckResult:
-    return check(History.load(histories), FinalState.load(final))
+def check_files(histories: Iterable[Path | str], final: Path | str | FinalState) -> CheckResult:
+    """The verdicts on history files, read a line at a time: the memory the check takes
+    grows with the entries of the ledgers, not with the size of the history."""
+    state = final if isinstance(final, FinalState) else FinalState.load(final)
+    notes: list[str] = []
+    c = _Checker(state)
+    for ev in iter_history(histories, notes):
+        c.feed(ev)
+    return c.result(notes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,17 @@ What the cluster holds after healing, one object per ledger::
 ``last_entry`` is the last entry of a closed ledger (its LAC if it is not closed);
 ``entries`` are those read back, ``id -> digest``. An entry that could not be read is
 absent. A ledger the history names but the cluster does not have is absent.
+
+:meth:`FinalState.save` writes the header line ``{"ledgers": {``, then one ledger a line,
+then ``}}``: still one JSON object, which :meth:`FinalState.load` reads a line at a time
+(any other layout of the same object is parsed whole).
+
+Size
+----
+A 30-minute chaos run writes a history of several hundred megabytes, most of it appends
+and tail steps. Nothing here holds a whole history: :func:`iter_history` yields the events
+of files a line at a time (the checker judges them as they come), and a final state keeps
+each ledger's digests packed (:class:`Digests`, 32 bytes an entry).
 """
 
 from __future__ import annotations
@@ -71,6 +82,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
@@ -232,6 +244,32 @@ class History:
         return h
 
 
+def iter_history(paths: Iterable[Path | str], notes: list[str] | None = None) -> Iterator[Event]:
+    """The events of history files, file after file, read a line at a time (file ``i`` is
+    source ``i``); the same events, notes and errors as :meth:`History.load`."""
+    for source, path in enumerate(paths):
+        offset = 0
+        with open(path, "rb") as f:
+            for line_no, line in enumerate(f, start=1):
+                whole = line.endswith(b"\n")
+                body = line[:-1] if whole else line
+                try:
+                    if body.strip():
+                        yield event_from_json(json.loads(body), source)
+                except (ValueError, _Bad) as e:
+                    if not whole:
+                        if notes is not None:
+                            notes.append(f"{path}: a torn last line ({len(body)} bytes at offset {offset}) was dropped")
+                        return
+                    raise CorruptDataError(f"history line {line_no}: {e}", path=str(path), offset=offset) from None
+                offset += len(line)
+
+
+def scan_ledgers(paths: Iterable[Path | str]) -> set[int]:
+    """Every ledger that history files name (:meth:`History.ledgers`, a line at a time)."""
+    return {ev.ledger for ev in iter_history(paths) if ev.ledger is not None}
+
+
 def parse_lines(data: bytes, source: int = 0, name: str = "", notes: list[str] | None = None) -> Iterator[Event]:
     """The events of one history file's bytes. A last line without its newline that does not
     parse is what a workload killed mid-write leaves: it is dropped (with a note). Any other
@@ -256,6 +294,46 @@ def parse_lines(data: bytes, source: int = 0, name: str = "", notes: list[str] |
 
 
 # -- the final state ------------------------------------------------------------------------------
+class Digests(Mapping[int, str]):
+    """Entry id -> sha256 hex digest, packed: 32 bytes an entry for ids from 0 up to the
+    highest (a ledger's entries are dense), a dict for ids outside that range."""
+
+    __slots__ = ("_packed", "_present", "_count", "_other")
+
+    def __init__(self, items: Mapping[int, str] | Iterable[tuple[int, str]] = ()) -> None:
+        pairs = sorted(items.items() if isinstance(items, Mapping) else items)
+        dense = [(e, d) for e, d in pairs if 0 <= e <= 4 * len(pairs) + 1024]
+        top = dense[-1][0] + 1 if dense else 0
+        self._packed = bytearray(32 * top)
+        self._present = bytearray(top)
+        for e, d in dense:
+            self._packed[32 * e:32 * e + 32] = bytes.fromhex(d)
+            self._present[e] = 1
+        self._other = {e: d for e, d in pairs if not 0 <= e < top}
+        self._count = len(dense) + len(self._other)
+
+    def __getitem__(self, eid: int) -> str:
+        if 0 <= eid < len(self._present) and self._present[eid]:
+            return self._packed[32 * eid:32 * eid + 32].hex()
+        return self._other[eid]
+
+    def __contains__(self, eid: object) -> bool:
+        if isinstance(eid, int) and 0 <= eid < len(self._present):
+            return bool(self._present[eid])
+        return eid in self._other
+
+    def __iter__(self) -> Iterator[int]:
+        yield from sorted([e for e in self._other if e < 0])
+        yield from compress(range(len(self._present)), self._present)
+        yield from sorted([e for e in self._other if e >= len(self._present)])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"Digests({len(self)} entries)"
+
+
 @dataclass(frozen=True)
 class FinalLedger:
     closed: bool
@@ -268,12 +346,16 @@ class FinalState:
     ledgers: dict[int, FinalLedger] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ledgers": {str(lid): {"closed": fl.closed, "last_entry": fl.last_entry,
-                                       "entries": {str(e): d for e, d in sorted(fl.entries.items())}}
-                            for lid, fl in sorted(self.ledgers.items())}}
+        return {"ledgers": {str(lid): _ledger_json(fl) for lid, fl in sorted(self.ledgers.items())}}
 
     def save(self, path: Path | str) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        """One ledger a line (see the module's doc), written as it goes."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(_HEADER + "\n")
+            items = sorted(self.ledgers.items())
+            for i, (lid, fl) in enumerate(items):
+                f.write(json.dumps({str(lid): _ledger_json(fl)})[1:-1] + ("," if i + 1 < len(items) else "") + "\n")
+            f.write("}}\n")
 
     @classmethod
     def from_json(cls, d: Any) -> FinalState:
@@ -281,28 +363,57 @@ class FinalState:
             raise _Bad("the final state is not an object with 'ledgers'")
         out = cls()
         for key, v in d["ledgers"].items():
-            lid = _int_key(key, "ledger id")
-            if not isinstance(v, dict):
-                raise _Bad(f"ledger {key}: not an object")
-            closed = _req(v, "closed", bool)
-            last = _req(v, "last_entry", int)
-            raw = v.get("entries", {})
-            if not isinstance(raw, dict):
-                raise _Bad(f"ledger {key}: 'entries' is not an object")
-            entries = {_int_key(e, "entry id"): _digest(dg, f"ledger {key} entry {e}") for e, dg in raw.items()}
-            beyond = sorted(e for e in entries if e > last)
-            if closed and beyond:
-                # Nothing can read past a closed ledger's end: a collector that claims so is wrong.
-                raise _Bad(f"ledger {key} is closed at {last} but lists entries {beyond[:5]} beyond it")
-            out.ledgers[lid] = FinalLedger(closed, last, entries)
+            out.ledgers[_int_key(key, "ledger id")] = _ledger_from_json(key, v)
         return out
 
     @classmethod
     def load(cls, path: Path | str) -> FinalState:
         try:
+            with open(path, "rb") as f:
+                if f.readline().strip() == _HEADER.encode():
+                    return cls._load_lines(f)
             return cls.from_json(json.loads(Path(path).read_bytes()))
         except (ValueError, _Bad) as e:
             raise CorruptDataError(f"final state: {e}", path=str(path)) from None
+
+    @classmethod
+    def _load_lines(cls, f: IO[bytes]) -> FinalState:
+        out = cls()
+        for line in f:
+            text = line.strip().rstrip(b",")
+            if text == b"}}":
+                return out
+            if text:
+                ((key, v),) = json.loads(b"{" + text + b"}").items()
+                lid = _int_key(key, "ledger id")
+                if lid in out.ledgers:
+                    raise _Bad(f"ledger {key} is listed twice")
+                out.ledgers[lid] = _ledger_from_json(key, v)
+        raise _Bad("the final state ends before its closing '}}'")
+
+
+_HEADER = '{"ledgers": {'
+
+
+def _ledger_json(fl: FinalLedger) -> dict[str, Any]:
+    return {"closed": fl.closed, "last_entry": fl.last_entry,
+            "entries": {str(e): d for e, d in sorted(fl.entries.items())}}
+
+
+def _ledger_from_json(key: str, v: Any) -> FinalLedger:
+    if not isinstance(v, dict):
+        raise _Bad(f"ledger {key}: not an object")
+    closed = _req(v, "closed", bool)
+    last = _req(v, "last_entry", int)
+    raw = v.get("entries", {})
+    if not isinstance(raw, dict):
+        raise _Bad(f"ledger {key}: 'entries' is not an object")
+    entries = Digests((_int_key(e, "entry id"), _digest(dg, f"ledger {key} entry {e}")) for e, dg in raw.items())
+    beyond = [e for e in entries if e > last]
+    if closed and beyond:
+        # Nothing can read past a closed ledger's end: a collector that claims so is wrong.
+        raise _Bad(f"ledger {key} is closed at {last} but lists entries {beyond[:5]} beyond it")
+    return FinalLedger(closed, last, entries)
 
 
 def _int_key(key: str, what: str) -> int:

@@ -49,6 +49,32 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def etcd_argv(net: Network, host: str, members: Sequence[str], data_dir: Path, *, token: str,
+              timing: tuple[int, int] = FAST_TIMING) -> list[str]:
+    """The command of the etcd member in ``host``, one of ``members`` (hosts) of a cluster
+    named by ``token``; the same command starts it again on its data dir."""
+    peers = {h: f"http://{net.host(h).addr}:{ETCD_PEER_PORT}" for h in members}
+    client = f"http://{net.host(host).addr}:{ETCD_CLIENT_PORT}"
+    return [ETCD_BIN, "--name", host, "--data-dir", str(data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peers[host], "--initial-advertise-peer-urls", peers[host],
+            "--initial-cluster", ",".join(f"{h}={url}" for h, url in peers.items()),
+            "--initial-cluster-token", token, "--initial-cluster-state", "new",
+            "--heartbeat-interval", str(timing[0]), "--election-timeout", str(timing[1]),
+            "--logger", "zap", "--log-level", "warn"]
+
+
+def bookie_argv(uri: str, addr: str, data_dir: Path, settings: dict[str, object], *,
+                port: int = BOOKIE_PORT, http_port: int = BOOKIE_HTTP_PORT) -> list[str]:
+    """`zbk bookie` bound (wire and HTTP) to ``addr``, a host's address."""
+    merged = {**settings, "bind_address": addr, "http_bind_address": addr}
+    argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", uri, "--data-dir", str(data_dir),
+            "--port", str(port), "--http-port", str(http_port)]
+    for k, v in merged.items():
+        argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+    return argv
+
+
 class NetCluster:
     def __init__(self, net: Network, root: Path, *, etcd_hosts: Sequence[str], bookie_hosts: Sequence[str]) -> None:
         self.net = net
@@ -73,31 +99,16 @@ class NetCluster:
 
     def start_etcd(self, timing: tuple[int, int] = FAST_TIMING) -> None:
         """Every member, one per etcd host, as one new cluster (not waited for: ``wait``)."""
-        peers = {h: f"http://{self.net.host(h).addr}:{ETCD_PEER_PORT}" for h in self.etcd_hosts}
-        initial = ",".join(f"{h}={url}" for h, url in peers.items())
         token = f"zbk-netns-{uuid.uuid4().hex[:8]}"
         for h in self.etcd_hosts:
-            client = f"http://{self.net.host(h).addr}:{ETCD_CLIENT_PORT}"
-            argv = [ETCD_BIN, "--name", h, "--data-dir", str(self.root / f"{h}.etcd"),
-                    "--listen-client-urls", client, "--advertise-client-urls", client,
-                    "--listen-peer-urls", peers[h], "--initial-advertise-peer-urls", peers[h],
-                    "--initial-cluster", initial, "--initial-cluster-token", token,
-                    "--initial-cluster-state", "new",
-                    "--heartbeat-interval", str(timing[0]), "--election-timeout", str(timing[1]),
-                    "--logger", "zap", "--log-level", "warn"]
+            argv = etcd_argv(self.net, h, self.etcd_hosts, self.root / f"{h}.etcd", token=token, timing=timing)
             self.procs[h] = self.net.start(h, argv, log_path=self.root / f"{h}.log")
 
     # --- bookies -------------------------------------------------------------------------
 
     def start_bookie(self, host: str, **settings: object) -> subprocess.Popen[bytes]:
         """A bookie in ``host``, bound (wire and HTTP) to the host's address."""
-        addr = self.net.host(host).addr
-        merged = {**BOOKIE_SETTINGS, "bind_address": addr, "http_bind_address": addr, **settings}
-        argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", self.uri,
-                "--data-dir", str(self.root / host), "--port", str(BOOKIE_PORT),
-                "--http-port", str(BOOKIE_HTTP_PORT)]
-        for k, v in merged.items():
-            argv += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+        argv = bookie_argv(self.uri, self.net.host(host).addr, self.root / host, {**BOOKIE_SETTINGS, **settings})
         proc = self.net.start(host, argv, log_path=self.root / f"{host}.log", env=child_env(), cwd=REPO)
         self.procs[host] = proc
         return proc

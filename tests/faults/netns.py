@@ -21,6 +21,13 @@ Names are unique per run: the prefix is ``zbkf<pid>-<n>``, so parallel runs and 
 collide, and :func:`sweep_stale` can tell the namespaces of a run whose process is gone.
 Interface names live inside namespaces, so every host's interface is ``eth0``.
 
+A process can itself join a host (:meth:`Network.join`): the chaos run (bench/chaos.py)
+runs its clients in its own process, so it moves into the clients' host before it starts
+any thread. A network namespace belongs to a thread, and a thread starts in the namespace
+of the thread that creates it: only threads started after the join (ZeroMQ's I/O threads,
+gRPC's, the asyncio executors) are in the host, so the join must come first, in a process
+with a single thread.
+
 Processes run in a host through ``ip netns exec`` (it enters the namespace and execs the
 command, so the PID returned is the command's own). Teardown (:meth:`Network.close`) stops
 every process by PID, kills whatever still runs inside the namespaces, deletes every link,
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import itertools
 import os
 import re
@@ -62,6 +70,7 @@ HOST_IF = "eth0"
 BRIDGE_IF = "br0"
 COMMAND_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+CLONE_NEWNET = 0x40000000
 
 _HOST_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 _OUR_NS = re.compile(rf"^{NS_PREFIX}(\d+)-")
@@ -149,6 +158,7 @@ class Network:
         self._procs: list[subprocess.Popen[Any]] = []
         self._lock = threading.RLock()
         self._closed = False
+        self._home_fd: int | None = None  # this process's own namespace while it is joined to a host
         from faults.netfaults import NetFaults
 
         self.faults = NetFaults(self)
@@ -288,6 +298,38 @@ class Network:
                              f"{r.stderr.strip()}\n{r.stdout.strip()}")
         return r
 
+    def join(self, host: str) -> None:
+        """Move the calling thread into ``host``'s namespace until :meth:`leave` (or
+        :meth:`close`); threads it starts afterwards are born there. Refused in a process
+        that runs more than one thread: the others would stay outside, unseen."""
+        if len(os.listdir("/proc/self/task")) != 1:
+            raise NetnsError("joining a host needs a process with a single thread: threads started before the "
+                             "join stay in the old namespace (start the run in a process of its own)")
+        h = self.host(host)
+        with self._lock:
+            if self._closed or self._home_fd is not None:
+                raise NetnsError("this network is closed, or this process has joined one of its hosts already")
+            home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            target = os.open(f"/run/netns/{h.netns}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _setns(target)
+            except BaseException:
+                os.close(home)
+                raise
+            finally:
+                os.close(target)
+            self._home_fd = home
+
+    def leave(self) -> None:
+        """Back to the namespace the calling thread had before :meth:`join`."""
+        with self._lock:
+            home, self._home_fd = self._home_fd, None
+        if home is not None:
+            try:
+                _setns(home)
+            finally:
+                os.close(home)
+
     def pids(self, host: str) -> list[int]:
         """PIDs of every process that runs inside ``host`` now."""
         return _netns_pids(self.host(host).netns)
@@ -305,6 +347,7 @@ class Network:
     def close(self) -> None:
         """Remove everything this network made; safe to call twice, and from a signal
         handler. Raises NetnsError (after trying every step) if something is left."""
+        self.leave()  # else `ip netns pids` would name this process, and it would be killed
         with self._lock:
             if self._closed:
                 return
@@ -351,6 +394,13 @@ def _try(errors: list[str], argv: list[str], *, quiet: bool = False) -> None:
     except NetnsError as e:
         if not quiet:
             errors.append(str(e))
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise NetnsError(f"setns failed: {os.strerror(err)}")
 
 
 def _netns_pids(netns: str) -> list[int]:

@@ -40,7 +40,7 @@ from zbk.errors import (
     ZbkTimeoutError,
 )
 
-from .history import FinalLedger, FinalState, HistoryRecorder, Op, digest
+from .history import Digests, FinalLedger, FinalState, HistoryRecorder, Op, digest
 
 # Errors after which nobody knows whether the request took effect.
 INDETERMINATE: tuple[type[BaseException], ...] = (TimeoutError, asyncio.CancelledError, ZbkTimeoutError,
@@ -216,7 +216,7 @@ async def final_state(bk: AsyncBookKeeper, ledger_ids: Iterable[int], *, passwor
         except NoSuchLedgerError:
             continue
         last = md.last_entry_id if md.is_closed else rh.last_add_confirmed
-        out.ledgers[lid] = FinalLedger(md.is_closed, last, await _read_back(rh, last))
+        out.ledgers[lid] = FinalLedger(md.is_closed, last, Digests(await _read_back(rh, last)))
     return out
 
 

@@ -55,6 +55,11 @@ class BookieProcess:
         """Where its wire port is (its id too, unless it was given a name)."""
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def http_host(self) -> str:
+        """The address of its HTTP admin API."""
+        return "127.0.0.1"
+
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "zbk.cli.main", "bookie", "--metadata", self.metadata_uri,
                 "--data-dir", str(self.data_dir), "--port", str(self.port), "--http-port", str(self.http_port)]

@@ -18,6 +18,7 @@ from zbk.errors import (
     BookieUnavailableError,
     LedgerClosedError,
     LedgerFencedError,
+    MetadataUnavailableError,
     MetadataVersionError,
     NotEnoughBookiesError,
     TooManyRequestsError,
@@ -68,7 +69,7 @@ class LedgerHandle(ReadHandle):
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
                  "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
                  "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event",
-                 "lac_sent", "_explicit")
+                 "lac_sent", "_explicit", "_rechecking")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:
@@ -122,6 +123,7 @@ class LedgerHandle(ReadHandle):
         # writes back entries of a ledger it is closing: no reader needs its LAC.
         self.lac_sent = -1
         self._explicit = None if self.recovery else ctx.explicit_lac
+        self._rechecking: asyncio.Future[None] | None = None  # _recheck's look at the metadata, while under way
 
     # -- appending ----------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future[int]:
@@ -149,6 +151,8 @@ class LedgerHandle(ReadHandle):
             ZbkError: The handle failed earlier: its error, raised again.
         """
         if self.failed is not None:
+            if isinstance(self.failed, MetadataUnavailableError):
+                return self._recheck()
             raise self.failed
         if self.closing or self.md.is_closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
@@ -165,6 +169,41 @@ class LedgerHandle(ReadHandle):
         lac = self.lac_sent = self.lac
         blob = build_entry(self.ledger_id, eid, lac, payload, self.digest, ledger_length=self.pushed_length)
         return self._push(eid, blob, size)
+
+    def _recheck(self) -> asyncio.Future[int]:
+        """An append to a handle that failed because the metadata store did not answer (an
+        ensemble change that could not be written): that error says nothing of whether the
+        ledger is still this writer's. A writer cut off from bookies and store alike while a
+        recovering reader fenced and closed its ledger would be told "metadata unavailable"
+        forever, and never that it lost the ledger. So the append asks the store again, and
+        fails as fenced if the ledger is closed or in recovery now; with the old error if it
+        is still open or the store is still silent. Nothing is sent either way: the entries
+        the failed change left unconfirmed may be missing, and no later entry may follow
+        them."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        if self._rechecking is None:
+            self._rechecking = loop.create_future()
+            self._spawn(self._look_again(self._rechecking))
+
+        def answer(_: asyncio.Future[None]) -> None:
+            assert self.failed is not None
+            if not fut.done():
+                fut.set_exception(self.failed)
+
+        self._rechecking.add_done_callback(answer)
+        return fut
+
+    async def _look_again(self, done: asyncio.Future[None]) -> None:
+        try:
+            await self._fresh_metadata_unless_fenced()
+        except LedgerFencedError as e:
+            self._fail(e)
+        except ZbkError:
+            pass  # still no answer (or no ledger): the handle keeps its error
+        finally:
+            self._rechecking = None
+            done.set_result(None)
 
     def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
         if self.failed is not None:
@@ -423,7 +462,10 @@ class LedgerHandle(ReadHandle):
         return current, version
 
     def _fail(self, err: ZbkError) -> None:
-        if self.failed is None:
+        # Fenced is the last word: it replaces "metadata unavailable", which only said that
+        # the store was silent (a bookie answering EFENCED after a change failed that way).
+        if self.failed is None or (isinstance(err, LedgerFencedError)
+                                   and isinstance(self.failed, MetadataUnavailableError)):
             self.failed = err
         for a in self.pending:
             if not a.future.done():
