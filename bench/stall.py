@@ -8,7 +8,7 @@ After ``--before-s`` seconds one bookie of the ledger's ensemble fails, in one o
 
 * ``kill``: SIGKILL. Its connections close at once (target: a stall of at most 100 ms);
 * ``stop``: SIGSTOP, a stand-in for a network partition: its connections stay open and
-  nothing answers (target: at most the client's ``heartbeat_timeout_ms`` plus 100 ms).
+  nothing answers (target: at most the client's ``bookie_heartbeat_timeout_ms`` plus 100 ms).
 
 The writer goes on for ``--after-s`` seconds, then closes the ledger. The stall of a round
 is the longest time without any add confirmed, over the gaps that end after the fault
@@ -122,7 +122,7 @@ async def one_round(bk: AsyncBookKeeper, cluster: _procs.ZbkCluster, fault: str,
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    config = ClientConfig(heartbeat_timeout_ms=args.heartbeat_ms)
+    config = ClientConfig(bookie_heartbeat_timeout_ms=args.heartbeat_ms)
     rounds: list[dict[str, Any]] = []
     # A bookie stopped for longer than its registration TTL would be dropped from the
     # registry and come back as a new registration: keep the TTL above a round.
@@ -147,7 +147,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                       "gap_before_ms")},
             "replaced_at_close": all(r["replaced_at_close"] for r in mine),
         }
-    return {"summary": summary, "rounds": rounds, "heartbeat_timeout_ms": args.heartbeat_ms, "window": args.window,
+    return {"summary": summary, "rounds": rounds, "bookie_heartbeat_timeout_ms": args.heartbeat_ms, "window": args.window,
             "entry_size": args.entry_size, "load": _procs.loadavg(), "git": _procs.git_rev()}
 
 
@@ -155,7 +155,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds per fault kind")
     ap.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
-    ap.add_argument("--heartbeat-ms", type=int, default=500, help="the client's heartbeat_timeout_ms")
+    ap.add_argument("--heartbeat-ms", type=int, default=500, help="the client's bookie_heartbeat_timeout_ms")
     ap.add_argument("--window", type=int, default=200, help="appends in flight")
     ap.add_argument("--entry-size", type=int, default=1024)
     ap.add_argument("--before-s", type=float, default=1.5, help="writing before the fault")
@@ -175,7 +175,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     print(f"E3 WQ2 AQ2 on 4 bookies, {args.window} appends of {args.entry_size} B in flight, "
-          f"heartbeat_timeout_ms={args.heartbeat_ms}, load {result['load']}, git {result['git']}")
+          f"bookie_heartbeat_timeout_ms={args.heartbeat_ms}, load {result['load']}, git {result['git']}")
     print("milliseconds, median (min-max) of the rounds; from the fault: the longest stall, when the client "
           "found the bookie failed, when its ensemble change was written; the longest gap before the fault")
     print(f"{'fault':6} {'stall':22} {'target':>6}  {'found':22} {'changed':22} {'gap before':22} replaced")

@@ -117,11 +117,11 @@ def test_heartbeat_options_bound_detection_by_the_timeout() -> None:
 
 
 def test_heartbeat_timeout_config() -> None:
-    assert ClientConfig().heartbeat_timeout_ms == limits.client_heartbeat_timeout_ms_default
-    ClientConfig(heartbeat_timeout_ms=0).validate()  # no heartbeats
+    assert ClientConfig().bookie_heartbeat_timeout_ms == limits.client_heartbeat_timeout_ms_default
+    ClientConfig(bookie_heartbeat_timeout_ms=0).validate()  # no heartbeats
     for bad in (-1, limits.client_heartbeat_timeout_ms_max + 1):
-        with pytest.raises(ConfigError, match="heartbeat_timeout_ms"):
-            ClientConfig(heartbeat_timeout_ms=bad).validate()
+        with pytest.raises(ConfigError, match="bookie_heartbeat_timeout_ms"):
+            ClientConfig(bookie_heartbeat_timeout_ms=bad).validate()
 
 
 # -- the transport against a stand-in bookie ------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_a_closed_connection_fails_the_adds_in_flight_and_the_next_ones_at_once(
     proc = _router(port, "silent")
 
     async def run() -> None:
-        t = ZmqTransport(heartbeat_timeout_ms=0)  # only the closed connection can tell
+        t = ZmqTransport(bookie_heartbeat_timeout_ms=0)  # only the closed connection can tell
         try:
             _bind(proc, port)
             in_flight = _send(t, bookie)
@@ -168,7 +168,7 @@ def test_adds_queued_for_a_connection_fail_when_it_is_reported_closed() -> None:
     bookie = f"127.0.0.1:{free_port()}"
 
     async def run() -> None:
-        t = ZmqTransport(heartbeat_timeout_ms=0)
+        t = ZmqTransport(bookie_heartbeat_timeout_ms=0)
         loop = asyncio.get_running_loop()
 
         def write_back() -> asyncio.Future[Any]:
@@ -210,7 +210,7 @@ def test_a_request_still_waits_for_a_bookie_that_comes_back() -> None:
     first, successor = _router(port, "silent"), _router(port, "answer")
 
     async def run() -> None:
-        t = ZmqTransport(heartbeat_timeout_ms=0)
+        t = ZmqTransport(bookie_heartbeat_timeout_ms=0)
         try:
             _bind(first, port)
             in_flight = _send(t, bookie)
@@ -244,7 +244,7 @@ def test_a_silent_bookie_fails_the_adds_in_flight_within_the_heartbeat_timeout()
     heartbeat_ms = 400
 
     async def run() -> None:
-        t = ZmqTransport(heartbeat_timeout_ms=heartbeat_ms)
+        t = ZmqTransport(bookie_heartbeat_timeout_ms=heartbeat_ms)
         try:
             _bind(proc, port)
             in_flight = _send(t, bookie)

@@ -104,7 +104,7 @@ def test_a_name_id_is_reached_at_its_registered_address_and_followed_when_it_mov
 
     async def run() -> None:
         nonlocal b
-        t = ZmqTransport(resolver=BookieResolver(store), heartbeat_timeout_ms=500)
+        t = ZmqTransport(resolver=BookieResolver(store), bookie_heartbeat_timeout_ms=500)
         try:
             assert await info(t, "bookie-a") == 1
             reads = store.reads

@@ -70,7 +70,7 @@ def test_seeds_example_writer_of_12_is_fenced(cluster):
     # recovery, or (on a loaded machine) the writer replaces the paused bookie first and
     # entry 12 is legitimately confirmed.
     writer = zbk.BookKeeper(c.uri, config=ClientConfig(add_timeout_ms=15_000, read_timeout_ms=4000,
-                                                       heartbeat_timeout_ms=15_000))
+                                                       bookie_heartbeat_timeout_ms=15_000))
     try:
         lh = writer.create_ledger(3, 2, 2, password=PW)
         for i in range(12):

@@ -39,7 +39,7 @@ async def write_through(uri: str, ensemble: tuple[int, int, int], fault: Callabl
     ``before_s``; go on for ``after_s``; close it. Returns the longest time without a
     confirmed add from the fault on (the gap it falls in included), the ledger and how many
     entries it has."""
-    config = ClientConfig(add_timeout_ms=ADD_TIMEOUT_MS, read_timeout_ms=5000, heartbeat_timeout_ms=heartbeat_ms)
+    config = ClientConfig(add_timeout_ms=ADD_TIMEOUT_MS, read_timeout_ms=5000, bookie_heartbeat_timeout_ms=heartbeat_ms)
     async with AsyncBookKeeper(uri, config=config) as bk:
         lh = await bk.create_ledger(*ensemble, password=PW)
         confirmed: list[float] = []

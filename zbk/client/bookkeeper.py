@@ -147,7 +147,7 @@ class ClientContext:
     def over_zmq(cls, store: MetadataStore, config: ClientConfig, rng: random.Random | None = None) -> ClientContext:
         """A context on a real ZmqTransport, with the config's CURVE keys when it has them."""
         resolver = BookieResolver(store)
-        transport = ZmqTransport(curve=CurveClient.from_config(config), heartbeat_timeout_ms=config.heartbeat_timeout_ms,
+        transport = ZmqTransport(curve=CurveClient.from_config(config), bookie_heartbeat_timeout_ms=config.bookie_heartbeat_timeout_ms,
                                  resolver=resolver)
         return cls(store, transport, config, rng or random.Random(), resolver=resolver)
 

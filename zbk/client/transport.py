@@ -9,7 +9,7 @@ their answer back, and can drop, delay or pause them, or answer negative/unknown
 
 Failure detection. A monitor (ZeroMQ's socket monitor) follows each DEALER's connection on
 the event loop. When the connection closes (the bookie died, or the ZMTP heartbeats found it
-silent for ``heartbeat_timeout_ms``: a paused process or a cut network), every request in
+silent for ``bookie_heartbeat_timeout_ms``: a paused process or a cut network), every request in
 flight to it fails at once with BookieUnavailableError: its answer can no longer come, since
 libzmq drops a closed connection's queues and a new connection is a new peer to the bookie.
 Until a new connection completes its handshake, a writer's adds to it fail at once too (reads
@@ -132,14 +132,14 @@ def heartbeat_options(timeout_ms: int) -> dict[int, int]:
 
 class _Peer:
     def __init__(self, ctx: zmq.asyncio.Context, bookie: str, curve: CurveClient | None,
-                 heartbeat_timeout_ms: int, address: str | None) -> None:
+                 bookie_heartbeat_timeout_ms: int, address: str | None) -> None:
         self.bookie = bookie
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.RCVHWM, limits.socket_hwm_messages)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a bookie we are not connected to
-        for opt, value in heartbeat_options(heartbeat_timeout_ms).items():
+        for opt, value in heartbeat_options(bookie_heartbeat_timeout_ms).items():
             self.sock.setsockopt(opt, value)
         self.handshake_error: ZbkError | None = None  # the last handshake failed (CURVE)
         self.connected = False  # a connection has completed its handshake and not closed since
@@ -209,13 +209,13 @@ class _Peer:
 
 class ZmqTransport:
     def __init__(self, *, curve: CurveClient | None = None,
-                 heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default,
+                 bookie_heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default,
                  resolver: BookieResolver | None = None) -> None:
         self.ctx = zmq.asyncio.Context()
         self.curve = curve
         self.resolver = resolver  # None: a bookie's id is its address
         self.reread_s = limits.bookie_address_reread_interval_ms / 1000
-        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.bookie_heartbeat_timeout_ms = bookie_heartbeat_timeout_ms
         self.peers: dict[str, _Peer] = {}
         self._rids = itertools.count(1)
         self.closed = False
@@ -235,7 +235,7 @@ class ZmqTransport:
         if p is None:
             loop = asyncio.get_running_loop()
             address = bookie if self.resolver is None else self.resolver.cached(bookie)
-            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve, self.heartbeat_timeout_ms, address)
+            p = self.peers[bookie] = _Peer(self.ctx, bookie, self.curve, self.bookie_heartbeat_timeout_ms, address)
             loop.add_reader(p.fd, self._readable, p)
             p.watcher = loop.create_task(self._watch(p))
             if address is None:

@@ -31,7 +31,7 @@ class ClientConfig:
         add_request_entries_max: Entries per add request to a bookie (1 to 4,096).
         ensemble_change_attempts_max: Ensemble changes a writer makes without confirming
             an entry before it fails with `NotEnoughBookiesError`.
-        heartbeat_timeout_ms: A bookie whose connection stays silent this many
+        bookie_heartbeat_timeout_ms: A bookie whose connection stays silent this many
             milliseconds counts as failed at once, without waiting for a timeout; 0: no
             heartbeats.
         explicit_lac_interval_ms: An idle writer sends its LAC to its bookies after this
@@ -56,7 +56,7 @@ class ClientConfig:
     pending_adds_max: int = limits.client_pending_adds_max
     add_request_entries_max: int = limits.client_add_request_entries_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
-    heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
+    bookie_heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
     # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/contributors.md.
     explicit_lac_interval_ms: int = limits.client_explicit_lac_interval_ms_default
     # Placement (docs/contributors.md, "Placement"): each write set spans at least this many racks
@@ -86,8 +86,8 @@ class ClientConfig:
         if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
             raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
         positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
-        if not 0 <= self.heartbeat_timeout_ms <= limits.client_heartbeat_timeout_ms_max:
-            raise ConfigError(f"heartbeat_timeout_ms must be in [0, {limits.client_heartbeat_timeout_ms_max}]")
+        if not 0 <= self.bookie_heartbeat_timeout_ms <= limits.client_heartbeat_timeout_ms_max:
+            raise ConfigError(f"bookie_heartbeat_timeout_ms must be in [0, {limits.client_heartbeat_timeout_ms_max}]")
         lac_ms, lac_ms_min = self.explicit_lac_interval_ms, limits.client_explicit_lac_interval_ms_min
         if lac_ms != 0 and lac_ms < lac_ms_min:
             raise ConfigError(f"explicit_lac_interval_ms must be 0 (off) or >= {lac_ms_min}, got {lac_ms!r}")
