@@ -212,6 +212,10 @@ class HostBookie(BookieProcess):
 
     @property
     def bookie_id(self) -> str:
+        return self.address
+
+    @property
+    def address(self) -> str:
         return f"{self.hosts.addr(self.host)}:{self.port}"
 
     @property
