@@ -11,7 +11,7 @@ So a bookie's ROUTER announces its id in the handshake's metadata (ZeroMQ's ZMQ_
 an application property of ZMTP 3: sent once per connection, nothing per message), and
 libzmq attaches the properties of a connection to every message received on it, where
 ``zmq.Frame.get`` reads them. A client compares each answer's property with the id it
-asked for (about 0.4 us an answer). A peer without the property (an older bookie) is
+asked for (about 0.2 us an answer). A peer without the property (an older bookie) is
 taken at its word, as before.
 """
 
