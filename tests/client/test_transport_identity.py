@@ -11,10 +11,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+import zmq.auth
 from helpers.procs import free_port
 
 from zbk.client.raw import BookieConnection
@@ -26,6 +28,7 @@ from zbk.metadata.registry import BookieRegistration
 from zbk.metadata.resolver import BookieResolver
 from zbk.wire import messages as w
 from zbk.wire.codec import decode_request, encode
+from zbk.wire.curve import CurveClient
 from zbk.wire.identity import announce
 
 
@@ -33,13 +36,16 @@ class StandIn:
     """A ROUTER on 127.0.0.1:port announcing ``bookie_id`` (None: nothing), answering
     BOOKIE_INFO with ``ledgers=tag``."""
 
-    def __init__(self, port: int, tag: int, bookie_id: str | None) -> None:
+    def __init__(self, port: int, tag: int, bookie_id: str | None, curve_secret_key: bytes | None = None) -> None:
         self.port, self.tag = port, tag
         self.answered = 0
         self.stop_event = threading.Event()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve_secret_key is not None:  # a CURVE server taking any client (no ZAP handler)
+            self.sock.setsockopt(zmq.CURVE_SERVER, 1)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, curve_secret_key)
         if bookie_id is not None:
             announce(self.sock, bookie_id)
         self.sock.bind(f"tcp://127.0.0.1:{port}")
@@ -238,3 +244,26 @@ def test_the_raw_connection_refuses_another_bookie_by_name(stand_ins: list[Stand
         assert c.call(w.BookieInfoRequest(rid=c.next_rid())).ledgers == 66
     with BookieConnection(f"127.0.0.1:{old}", timeout_s=5) as c:
         assert c.call(w.BookieInfoRequest(rid=c.next_rid())).ledgers == 9
+
+
+def test_the_id_comes_through_a_curve_handshake_too(stand_ins: list[StandIn], tmp_path: Path) -> None:
+    """With CURVE the properties travel encrypted in the handshake: still there, still checked."""
+    server_pub, server_secret = zmq.auth.create_certificates(str(tmp_path), "server")
+    _, client_secret = zmq.auth.create_certificates(str(tmp_path), "client")
+    _, secret = zmq.auth.load_certificate(server_secret)
+    assert secret is not None
+    port, right = free_port(), free_port()
+    stand_ins.append(impostor := StandIn(port, tag=66, bookie_id="127.0.0.1:1", curve_secret_key=secret))
+    stand_ins.append(StandIn(right, tag=4, bookie_id=f"127.0.0.1:{right}", curve_secret_key=secret))
+    curve = CurveClient(client_secret, server_public_key_file=server_pub)
+
+    async def run() -> None:
+        t = ZmqTransport(curve=curve)
+        try:
+            err = await refused(t, f"127.0.0.1:{port}", impostor)
+            assert "127.0.0.1:1" in str(err), err
+            assert await info(t, f"127.0.0.1:{right}") == 4
+        finally:
+            await t.close()
+
+    asyncio.run(run())
