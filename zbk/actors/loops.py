@@ -13,6 +13,9 @@ are contained (docs/reliability.md, "Resources"):
 * Frames over max_frame_bytes never reach Python (ZMQ_MAXMSGSIZE drops the peer).
 * With CURVE configured (zbk/wire/curve.py), only clients whose public key is authorized
   complete the handshake; nothing from anyone else reaches the Server.
+* Every connection's handshake announces the bookie's id (zbk/wire/identity.py), so a
+  client that reached this bookie at an address it expected another bookie at refuses
+  the answers instead of taking them for that bookie's.
 * The disk checker runs when :class:`~zbk.actors.serverpolicy.DiskProbeSchedule` says so.
 """
 
@@ -33,6 +36,7 @@ from zbk.actors.journal import JournalCore
 from zbk.actors.server import ServerCore
 from zbk.actors.serverpolicy import DiskProbeSchedule, PeerBacklogs
 from zbk.wire.curve import CurveServer
+from zbk.wire.identity import announce
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,7 @@ class ServerLoop(ActorLoop):
     def __init__(self, *, replies: ReplySocket, endpoint: str, max_frame_bytes: int,
                  disk_probe: Callable[[], tuple[int, int]] | None = None,
                  disk_check_interval_s: float = 10.0, disk_thresholds: tuple[float, float] = (0.95, 0.90),
-                 curve: CurveServer | None = None, **kw: Any) -> None:
+                 bookie_id: str, curve: CurveServer | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         assert self.core.reply == replies.reply, "the core answers through this loop's socket"
         self.replies = replies
@@ -128,6 +132,7 @@ class ServerLoop(ActorLoop):
         self.disk_schedule = DiskProbeSchedule(interval_s=disk_check_interval_s, threshold=disk_thresholds[0])
         self.disk_thresholds = disk_thresholds
         self.curve = curve
+        self.bookie_id = bookie_id  # announced in every connection's handshake
         self.bound = ""
 
     def setup(self) -> None:
@@ -141,6 +146,7 @@ class ServerLoop(ActorLoop):
         r.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes + limits.header_bytes_max)
         if self.curve is not None:
             self.curve.apply(r)  # CURVE server + ZAP handler: unknown clients never get through
+        announce(r, self.bookie_id)  # before bind: part of the handshake of every connection
         r.bind(self.endpoint)
         self.bound = r.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.replies.attach(r)

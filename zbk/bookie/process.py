@@ -103,7 +103,7 @@ class Bookie(BookieAdmin):
         ]
         self.server_loop = ServerLoop(core=self.server, senders=["entrylogger", *jnames, "index", "admin", "gc"],
                                       replies=replies, endpoint=f"tcp://{cfg.bind_address}:{cfg.port}",
-                                      curve=CurveServer.from_config(cfg.curve),
+                                      curve=CurveServer.from_config(cfg.curve), bookie_id=cfg.bookie_id,
                                       max_frame_bytes=cfg.max_frame_bytes,
                                       disk_probe=disk_probe_for(self._all_dirs()),
                                       disk_check_interval_s=cfg.disk.check_interval_s,

@@ -5,7 +5,10 @@ control over requests (fencing, master keys, garbage), and by tools. Application
 :class:`zbk.BookKeeper` instead.
 
 It connects to ``address``, which the caller resolved (zbk/metadata/resolver.py), or else
-to the bookie id itself, which must then be host:port.
+to the bookie id itself, which must then be host:port. An answer from a bookie that
+announces another id (zbk/wire/identity.py: another bookie has that address) raises
+BookieUnavailableError naming both ids; a bookie that announces none (older) is taken at
+its word.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from zbk.bookieid import is_address
 from zbk.errors import BadRequestError, BookieUnavailableError, ZbkTimeoutError
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.curve import CurveClient
+from zbk.wire.identity import peer_id, wrong_bookie
 
 
 class BookieConnection:
@@ -64,7 +68,11 @@ class BookieConnection:
         t = self.timeout_s if timeout_s is None else timeout_s
         if not self.sock.poll(int(t * 1000)):
             raise ZbkTimeoutError(f"bookie {self.bookie_id} did not answer within {t:.1f}s")
-        return decode_response(self.sock.recv_multipart())
+        frames = self.sock.recv_multipart(copy=False)
+        actual = peer_id(frames[0])
+        if actual is not None and actual != self.bookie_id:
+            raise BookieUnavailableError(wrong_bookie(self.bookie_id, actual, self.address))
+        return decode_response([f.bytes for f in frames])
 
     def call(self, msg: Any, timeout_s: float | None = None) -> Any:
         """Send one request and return its response (skipping stale responses of earlier

@@ -27,6 +27,17 @@ Whenever a send finds no connection, the registration is read again (at most eve
 ``bookie_address_reread_interval_ms``, only while requests wait): a bookie restarted at
 another address under the same stable id is then found there, and the DEALER leaves the old
 address for the new one. Without a resolver (tests) a bookie's id is its address.
+
+Identity. An address can be taken by another bookie (one started on the port of a name-id
+bookie killed -9, while the dead one's registration still lives), and its explicit negatives
+for ledgers it never held must not reach a reader or a recoverer. Every bookie announces its
+id in the handshake of each connection (zbk/wire/identity.py), and every answer is checked
+against the id it was asked of, on the answer itself (~0.2 us), not at a (re)connection
+event: the monitor reports those on its own socket, possibly after the new connection's
+first answers were read. An answer from another bookie is dropped and the peer treated as
+lost (its requests fail with BookieUnavailableError, as for a dead bookie); the DEALER leaves
+the address and the registration is read again. A bookie that announces no id (older) is
+taken at its word.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from zbk.metadata.resolver import BookieResolver
 from zbk.wire.codec import decode_response, encode
 from zbk.wire.curve import CurveClient
 from zbk.wire.errors import FrameError
+from zbk.wire.identity import PROPERTY, wrong_bookie
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +80,8 @@ _POLLIN = int(zmq.POLLIN)
 # Frames of this size or more are sent without a copy (pyzmq's own threshold for copy=False).
 _ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 _Frame = zmq.Frame
+_frame_get = zmq.Frame.get
+_BOOKIE_ID = PROPERTY.encode()  # bytes: Frame.get encodes a str on every call
 
 
 def _encoded(msg: Any) -> list[Any]:
@@ -159,6 +173,9 @@ class _Peer:
         # and the re-read of the registration under way, if any (ZmqTransport._relocate).
         self.address: str | None = None
         self.left: set[str] = set()  # endpoints it was connected to before (detach)
+        # (address, id) of the last bookie found answering in this one's place (_refuse).
+        self.refused: tuple[str, str] | None = None
+        self.anonymous = False  # an answer without an announced id came (logged once)
         self.locating: asyncio.Task[None] | None = None
         self.located_at = -float("inf")
         if address is not None:
@@ -202,6 +219,8 @@ class _Peer:
 
     def unreachable(self) -> str:
         """Why a request found no connection, for its error."""
+        if self.address is None and self.refused is not None:
+            return wrong_bookie(self.bookie, self.refused[1], self.refused[0])
         if self.address is None:
             return f"bookie {self.bookie} is not connected: no registered address"
         return f"bookie {self.bookie} is not connected (at {self.address})"
@@ -244,13 +263,19 @@ class ZmqTransport:
 
     def _relocate(self, p: _Peer) -> None:
         """``p`` has no connection and a request waits for one: read its registration again
-        in a worker thread, unless that is under way or was done less than reread_s ago."""
-        if self.resolver is None or p.locating is not None or p.connected or self.closed:
+        in a worker thread, unless that is under way or was done less than reread_s ago.
+        Without a resolver, go back to the id's address if _refuse left it."""
+        if p.locating is not None or p.connected or self.closed:
             return  # connected: a send that cannot go now waits for the high-water mark
+        if self.resolver is None and p.address is not None:
+            return
         now = time.monotonic()
         if now - p.located_at < self.reread_s:
             return
         p.located_at = now
+        if self.resolver is None:
+            p.attach(p.bookie)
+            return
         p.locating = asyncio.get_running_loop().create_task(self._locate(p, self.resolver))
 
     async def _locate(self, p: _Peer, resolver: BookieResolver) -> None:
@@ -304,36 +329,61 @@ class ZmqTransport:
                     f"bookie {p.bookie}: CURVE handshake failed (wrong server key, or the bookie does not use CURVE)")
             log.warning("%s", p.handshake_error)
 
-    def _lost(self, p: _Peer) -> None:
+    def _lost(self, p: _Peer, refused: str | None = None) -> None:
         """``p``'s connection closed: fail every request in flight to it now, and the adds
         queued for it (sends made between the close and this report found no connection and
         were queued to wait for one). Answers that arrived before the close are still in the
-        socket: they are taken first."""
-        if not p.lost:
+        socket: they are taken first. ``refused``: not a close but another bookie answering
+        (_refuse, whose caller is reading the socket already); the errors say so."""
+        if not p.lost and refused is None:
             log.info("lost the connection to bookie %s", p.bookie)
         p.lost = True
         self.failed_at[p.bookie] = time.monotonic()
-        self._readable(p)
+        if refused is None:
+            self._readable(p)
+        why = refused or f"bookie {p.bookie}: connection lost"
         if any(item[3] for item in p.backlog):
             queued, p.backlog = p.backlog, deque()
             for item in queued:
                 if item[3]:  # never sent: the requests queued behind it keep their order
-                    item[2](BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+                    item[2](BookieUnavailableError(why))
                 else:
                     p.backlog.append(item)
         calls, p.calls = p.calls, {}
         for callback, timer in calls.values():
             timer.cancel()
-            callback(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+            callback(BookieUnavailableError(why))
         waiting, p.waiting = p.waiting, {}
         for fut in waiting.values():
             if not fut.done():
-                fut.set_exception(BookieUnavailableError(f"bookie {p.bookie}: connection lost"))
+                fut.set_exception(BookieUnavailableError(why))
+
+    def _refuse(self, p: _Peer, actual: str) -> None:
+        """An answer on ``p``'s connection came from bookie ``actual``: another bookie has
+        ``p``'s address. The answer is dropped (it is not ``p``'s to give) and ``p`` is
+        treated as lost: what is in flight to it fails, so readers go to other replicas and
+        a writer changes its ensemble. The DEALER leaves the address (nothing more is sent
+        there) and the registration is read again; it goes back only to an address the
+        registration names, where every answer is checked again."""
+        if p.address is not None:  # the first such answer on this connection
+            p.refused = (p.address, actual)
+            log.warning("%s; reading its registration again", wrong_bookie(p.bookie, actual, p.address))
+            p.detach()
+        p.connected = False
+        self._lost(p, refused=wrong_bookie(p.bookie, actual, p.refused[0] if p.refused else None))
+        self._relocate(p)
+
+    def _anonymous(self, p: _Peer) -> None:
+        if not p.anonymous:
+            p.anonymous = True
+            log.debug("bookie %s announces no id (an older bookie): its answers are not checked", p.bookie)
 
     def _readable(self, p: _Peer) -> None:
-        """Dispatch every response waiting on ``p``'s socket."""
+        """Dispatch every response waiting on ``p``'s socket; one given by another bookie
+        than ``p``'s goes to _refuse, never to a caller."""
         p.read_scheduled = False
         raw = p.raw
+        expected = p.bookie
         while True:
             try:
                 # Look at ZMQ_EVENTS first (~3 us) rather than end every wake-up with a failed
@@ -347,7 +397,15 @@ class ZmqTransport:
                 return
             except zmq.ZMQError:  # closed under us (client shutting down)
                 return
-            self._dispatch(p, frames)
+            try:
+                actual = _frame_get(frames[0], _BOOKIE_ID)  # the id this connection's peer announced
+            except zmq.ZMQError:  # none announced (EINVAL): an older bookie
+                actual = expected
+                self._anonymous(p)
+            if actual == expected:
+                self._dispatch(p, frames)
+            else:
+                self._refuse(p, str(actual))
 
     def _poke(self, p: _Peer) -> None:
         """After a send: a ZeroMQ FD does not signal again for messages libzmq took in during
