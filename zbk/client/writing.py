@@ -36,12 +36,10 @@ from zbk.wire.status import Status
 log = logging.getLogger("zbk.client.handles")
 
 
-
 class _Add:
-    """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit):
-    plain ints, not sets, so that an entry in flight is one GC-tracked object rather than
-    three (with 10,000 ledgers written at once, each full collection of the cyclic GC walks
-    every tracked object, and such collections can take a large share of the client's CPU)."""
+    """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit), not
+    sets: an entry in flight is one GC-tracked object rather than three, and with 10,000
+    ledgers written at once each full collection of the cyclic GC walks every one."""
 
     __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
 
@@ -559,9 +557,8 @@ _NO_BOOKIES: frozenset[str] = frozenset()
 
 
 class _Batch:
-    """Adds for one bookie: parts of one or more handles, kept flat (a list of handles, the
-    end of each part in ``ents``, every part's entries one after the other) so that a part
-    costs no tuple or list of its own while its request is in flight."""
+    """Adds for one bookie: parts of one or more handles, kept flat (handles, each part's end
+    in ``ents``, the entries in a row): a part costs no object of its own while in flight."""
 
     __slots__ = ("hs", "ends", "ents", "nbytes")
 
