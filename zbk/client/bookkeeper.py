@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
@@ -28,9 +27,9 @@ from zbk.client.transport import Transport, ZmqTransport
 from zbk.config import ClientConfig, with_settings
 from zbk.errors import BadRequestError, NoSuchLedgerError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
-from zbk.metadata.registry import BookieEvent, BookieRegistration, LedgerStore, list_bookies, watch_bookies
+from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
 from zbk.metadata.resolver import BookieResolver
-from zbk.metadata.store import MetadataStore, Watch
+from zbk.metadata.store import MetadataStore
 from zbk.metadata.uri import open_store
 from zbk.wire import messages as w
 from zbk.wire.curve import CurveClient
@@ -56,66 +55,6 @@ class _Placement:
                                              rng=self.rng)
 
 
-class WritableBookies:
-    """The registered writable bookies, kept up to date by a watch of the registry.
-
-    An ensemble change is what a writer waits on after a bookie failed; with the list read
-    from the store it made two metadata round trips in a row (the list, then the ledger's
-    compare-and-set), each through a worker thread that must win the GIL back from a busy
-    event loop: the list alone cost 2-50 ms of a stall whose target is 100 ms. With the list
-    kept here, as BookKeeper's client keeps it from ZooKeeper watches, the compare-and-set
-    is the change's only round trip. Until the watch runs (and if it cannot be set up) the
-    store is asked as before."""
-
-    def __init__(self, store: MetadataStore) -> None:
-        self.store = store
-        self._regs: dict[str, BookieRegistration] = {}
-        self._lock = threading.Lock()
-        self._watch: Watch | None = None
-        self._closed = False
-        self.live = False
-
-    def start(self) -> None:
-        """Blocking (a worker thread, in the background of the client's start, which must not
-        wait for a store that may be down): the list, then a watch from the revision before
-        it. Events the list already shows are applied again, which changes nothing."""
-        try:
-            rev = self.store.revision()
-            regs = list_bookies(self.store)
-            with self._lock:
-                self._regs = {r.bookie_id: r for r in regs}
-            watch = watch_bookies(self.store, self._on_event, start_revision=rev + 1)
-        except ZbkError as e:
-            log.info("bookie registry watch not set up (the store is asked at each ensemble change): %s", e)
-            return
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._watch, self.live = watch, True
-        if closed:  # the client closed meanwhile
-            watch.cancel()
-
-    def _on_event(self, ev: BookieEvent) -> None:
-        if ev.readonly:
-            return  # a bookie turning read-only deletes its writable registration: that event comes too
-        with self._lock:
-            if ev.registration is None:
-                self._regs.pop(ev.bookie_id, None)
-            else:
-                self._regs[ev.bookie_id] = ev.registration
-
-    def snapshot(self) -> list[BookieRegistration]:
-        with self._lock:
-            return [self._regs[b] for b in sorted(self._regs)]
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed, self.live = True, False
-            watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.cancel()
-
-
 class ClientContext:
     """What handles share: transport, metadata, configuration, placement."""
 
@@ -138,7 +77,6 @@ class ClientContext:
         # more objects to reach per round of appends.
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self.bookies = WritableBookies(store)  # started by AsyncBookKeeper.start
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
         lac_ms = config.explicit_lac_interval_ms
         self.explicit_lac = ExplicitLac(self, lac_ms) if lac_ms > 0 else None
@@ -173,10 +111,7 @@ class ClientContext:
         return await asyncio.to_thread(self.ledgers.write, md, version)
 
     async def writable_bookies(self) -> list[BookieRegistration]:
-        if self.bookies.live:
-            bookies = self.bookies.snapshot()
-        else:
-            bookies = await asyncio.to_thread(list_bookies, self.store)
+        bookies = await asyncio.to_thread(list_bookies, self.store)
         self.resolver.learn(bookies)
         return bookies
 
@@ -267,7 +202,6 @@ class AsyncBookKeeper:
                 self.ctx = ClientContext(store, self._transport, self.config, self._rng)
             else:
                 self.ctx = ClientContext.over_zmq(store, self.config, self._rng)
-            self.ctx.spawn(asyncio.to_thread(self.ctx.bookies.start))
         return self
 
     async def close(self) -> None:
@@ -282,7 +216,6 @@ class AsyncBookKeeper:
         ctx, self.ctx = self.ctx, None
         if ctx.explicit_lac is not None:
             ctx.explicit_lac.stop()
-        await asyncio.to_thread(ctx.bookies.close)
         if ctx._background:
             await asyncio.wait(list(ctx._background), timeout=1.0)
         await ctx.transport.close()
