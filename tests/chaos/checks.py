@@ -180,8 +180,8 @@ def _ranges(ids: list[int]) -> str:
 
 
 def describe_gaps(md: LedgerMetadata, g: LedgerGaps) -> str:
-    frags = "; ".join(f"{first}: {','.join(b.rsplit(':', 1)[1] for b in ens)}" for first, ens in md.fragments)
-    where = "; ".join(f"{b.rsplit(':', 1)[1]} lacks {len(ids)} [{_ranges(ids)}]" for b, ids in g.where.items())
+    frags = "; ".join(f"{first}: {','.join(ens)}" for first, ens in md.fragments)
+    where = "; ".join(f"{b} lacks {len(ids)} [{_ranges(ids)}]" for b, ids in g.where.items())
     return (f"ledger {md.ledger_id} E{md.ensemble_size}/WQ{md.write_quorum}/AQ{md.ack_quorum} "
             f"last {md.last_entry_id}, fragments {{{frags}}}: {where}")
 

@@ -31,7 +31,7 @@ from helpers.bookie import BookieProcess
 from helpers.etcd import ETCD_DEFAULT_TIMING, EtcdCluster
 from helpers.procs import free_port, start_process, stop_process, tail
 
-from chaos.faults import Fault
+from chaos.faults import CRASH_KINDS, Fault
 from chaos.hosts import CLIENT_HOST, HostBookie, HostEtcdCluster, Hosts, ar_host, bookie_host
 
 HTTP_TIMEOUT_S = 3.0
@@ -262,6 +262,22 @@ class ChaosCluster:
         return live + self.ar_metrics_of_dead.get(name, 0.0)
 
     # -- faults ---------------------------------------------------------------------------
+    def crash_blocked(self, f: Fault) -> str:
+        """Why ``f``, a crash of a journal-off bookie, must not happen now ('' if it may): another
+        journal-off bookie is down, or does not say it has no ledger in limbo (tests/chaos/faults.py)."""
+        if f.kind not in CRASH_KINDS or f.target not in self.s.journal_off:
+            return ""
+        for j in sorted(self.s.journal_off - {f.target}):
+            if j in self.down_bookies or j in self.paused_bookies:
+                return f"journal-off bookie b{j} is down"
+            try:
+                limbo = int(self.bookie_info(j).get("limbo_ledgers", 0))
+            except (OSError, ValueError) as e:
+                return f"journal-off bookie b{j} did not say how many ledgers it has in limbo ({e})"
+            if limbo:
+                return f"journal-off bookie b{j} has {limbo} ledgers in limbo"
+        return ""
+
     def inject(self, f: Fault) -> None:
         with self._lock:
             if f.kind in ("bookie_power_cut", "clock_jump"):  # these need the fault's param

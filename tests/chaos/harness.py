@@ -21,6 +21,8 @@ import contextlib
 import json
 import logging
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -69,6 +71,9 @@ class ChaosReport:
     plan: list[Fault]
     kinds: tuple[str, ...] = LOOPBACK_KINDS
     injected: dict[str, int] = field(default_factory=dict)
+    # Crashes of a journal-off bookie skipped while another was down or had ledgers in limbo
+    # (chaos.cluster.ChaosCluster.crash_blocked).
+    skipped: dict[str, int] = field(default_factory=dict)
     entries_acked: int = 0
     entries_lost: int = 0
     entries_read: int = 0
@@ -129,6 +134,8 @@ class ChaosReport:
                 "faults injected by kind:"]
         rows += [f"  {KIND_LABELS[k]:<36}{self.injected.get(k, 0):>9}" for k in self.kinds]
         rows += [f"  {'total':<36}{sum(self.injected.values()):>9}",
+                 *([f"  {'skipped: a journal-off crash while':<36}{sum(self.skipped.values()):>9}  "
+                    f"({_kinds(self.skipped)}; another journal-off bookie down or in limbo)"] if self.skipped else []),
                  f"{'entries acknowledged':<38}{self.entries_acked:>9,}",
                  f"{'entries lost (must be 0)':<38}{self.entries_lost:>9,}",
                  f"{'entries read back and verified':<38}{self.entries_read:>9,}",
@@ -232,6 +239,8 @@ def _run(cfg: ChaosConfig, root: Path, log: Callable[[str], None]) -> ChaosRepor
         history.close()
         try:
             _fill_report(report, cluster, workload, findings, changes_before)
+            if report.failures():
+                dump_stacks(cluster, log)
         finally:
             cluster.stop()
     report.elapsed_s = time.monotonic() - t_start
@@ -255,6 +264,11 @@ def _inject(cluster: ChaosCluster, workload: Workload, plan: list[Fault], fault_
                 continue
             try:
                 if is_start:
+                    why = cluster.crash_blocked(f)
+                    if why:
+                        report.skipped[f.kind] = report.skipped.get(f.kind, 0) + 1
+                        log(f"  {now:6.1f}s  - {f.describe()} skipped: {why}")
+                        continue
                     cluster.inject(f)
                     started.add(i)
                     report.injected[f.kind] += 1
@@ -352,6 +366,28 @@ def log_exceptions(root: Path) -> list[str]:
             exc = lines[j] if j is not None else "?"
             out.append(f"traceback in {path.name}: {context[:120]} -> {exc[:160]}")
     return out
+
+
+def dump_stacks(cluster: ChaosCluster, log: Callable[[str], None]) -> None:
+    """Every live bookie's and autorecovery process's Python stacks (py-spy) into
+    ``<name>.stacks.txt`` beside its log: a run that is not green may have a process that
+    lives but no longer answers, and its threads say where it waits."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        log(f"chaos: no stacks dumped ({spy} is not installed)")
+        return
+    procs = [(f"b{i}", b.proc) for i, b in enumerate(cluster.bookies)] + \
+        [(a.name, a.proc) for a in cluster.autorecovery]
+    for name, proc in procs:
+        if proc is None or proc.poll() is not None:
+            continue
+        out = cluster.root / f"{name}.stacks.txt"
+        try:
+            done = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, timeout=30)
+            out.write_bytes(done.stdout + done.stderr)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.write_text(f"py-spy dump failed: {e}\n")
+    log(f"chaos: stacks of the live processes dumped to {cluster.root}/*.stacks.txt")
 
 
 def _boot_total(logs: list[str], field: str) -> int:

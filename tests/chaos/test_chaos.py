@@ -19,11 +19,13 @@ from helpers.bookie import BookieProcess
 from helpers.procs import stop_process
 
 from chaos import checks
+from chaos.cluster import ChaosCluster, ClusterSettings, Findings
 from chaos.faults import (
     BOOKIE_KINDS,
     CRASH_KINDS,
     KINDS,
     LOOPBACK_KINDS,
+    Fault,
     PlanSettings,
     make_plan,
     plan_counts,
@@ -76,6 +78,8 @@ def test_plan_injects_every_kind_within_its_limits(fault_s: float, kinds: tuple[
         assert all(f.end_s <= fault_s and f.duration_s > 0 for f in plan)
         first_kill = next(f for f in plan if f.kind == "bookie_kill")
         assert first_kill.target in s.journal_off and first_kill.duration_s <= s.short_kill_s[1]
+        first_cut = next((f for f in plan if f.kind == "bookie_power_cut"), None)
+        assert first_cut is None or first_cut.target not in s.journal_off, (seed, first_cut)  # its one journal-off crash is the kill
         assert all(f.target in s.power_loss for f in plan if f.kind == "bookie_power_cut")
         assert all(0 <= f.target < s.clocks and abs(f.param) >= s.clock_jump_s[0] for f in plan
                    if f.kind == "clock_jump")
@@ -190,3 +194,22 @@ def test_a_cluster_that_did_not_heal_is_a_failed_run() -> None:
     report.heal_error = "AssertionError: autorecovery not ready with a leader in 90.0s"
     assert report.failures() == ["the cluster did not heal: " + report.heal_error]
     assert "did not heal" in report.table()
+
+
+def test_a_journal_off_crash_waits_while_another_journal_off_bookie_is_down_or_in_limbo(tmp_path: Path) -> None:
+    """BP-46 repairs one bookie that may have lost data at a time: a ledger in limbo on two
+    bookies of its write quorum cannot be recovered without an operator, so the run skips
+    a crash that could make one (tests/chaos/faults.py)."""
+    cluster = ChaosCluster(tmp_path, ClusterSettings(), Findings())
+    limbo = {3: 0, 4: 0}
+    cluster.bookie_info = lambda j: {"limbo_ledgers": limbo[j]}  # type: ignore[method-assign,assignment]
+    kill3 = Fault(10.0, "bookie_kill", 3, 2.0)
+    assert cluster.crash_blocked(kill3) == ""
+    limbo[4] = 7
+    assert "b4 has 7 ledgers in limbo" in cluster.crash_blocked(kill3)
+    assert cluster.crash_blocked(Fault(10.0, "bookie_power_cut", 4, 2.0)) == ""  # b3 has none
+    assert cluster.crash_blocked(Fault(10.0, "bookie_kill", 0, 2.0)) == ""  # journal on: never in limbo
+    assert cluster.crash_blocked(Fault(10.0, "bookie_pause", 3, 2.0)) == ""  # not a crash
+    limbo[4] = 0
+    cluster.down_bookies.add(4)
+    assert "b4 is down" in cluster.crash_blocked(kill3)
