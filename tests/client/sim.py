@@ -39,7 +39,7 @@ import random
 import selectors
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -924,6 +924,11 @@ class SimContext(ClientContext):
         result = list_bookies(self.cluster.meta)
         await self.cluster.metadata_hop()
         return result
+
+    async def replacements(self, md: LedgerMetadata, ensemble: list[str], positions: Sequence[int], *,
+                           exclude: Set[str], first_attempt: bool) -> list[str]:
+        # No watched list here: every change reads the registry, one metadata call as before.
+        return self.placement.replace(await self.writable_bookies(), md, ensemble, positions, exclude=exclude)
 
 
 # -- workloads and the persistence property ------------------------------------------------------

@@ -19,13 +19,14 @@ from typing import Any
 
 from zbk import limits
 from zbk.client import placement
+from zbk.client.bookies import WritableBookies
 from zbk.client.digest import Digest, make_digest, master_key
 from zbk.client.explicitlac import ExplicitLac
 from zbk.client.handles import AddDispatcher, LedgerHandle, ReadHandle
 from zbk.client.recovery import check_password, recover
 from zbk.client.transport import Transport, ZmqTransport
 from zbk.config import ClientConfig, with_settings
-from zbk.errors import BadRequestError, NoSuchLedgerError, ZbkError
+from zbk.errors import BadRequestError, NoSuchLedgerError, NotEnoughBookiesError, ZbkError
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.metadata.registry import BookieRegistration, LedgerStore, list_bookies
 from zbk.metadata.resolver import BookieResolver
@@ -77,6 +78,7 @@ class ClientContext:
         # more objects to reach per round of appends.
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.bookies = WritableBookies(store)  # started by AsyncBookKeeper.start
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
         lac_ms = config.explicit_lac_interval_ms
         self.explicit_lac = ExplicitLac(self, lac_ms) if lac_ms > 0 else None
@@ -114,6 +116,17 @@ class ClientContext:
         bookies = await asyncio.to_thread(list_bookies, self.store)
         self.resolver.learn(bookies)
         return bookies
+
+    async def replacements(self, md: LedgerMetadata, ensemble: list[str], positions: Sequence[int], *,
+                           exclude: Set[str], first_attempt: bool) -> list[str]:
+        """``ensemble`` with new bookies at ``positions``: on a change's first attempt from the
+        watched list when it can place them, otherwise from the store (zbk.client.bookies)."""
+        if first_attempt and self.bookies.live:
+            try:
+                return self.placement.replace(self.bookies.snapshot(), md, ensemble, positions, exclude=exclude)
+            except NotEnoughBookiesError:
+                pass  # perhaps a bookie the watch has not delivered yet: the store knows
+        return self.placement.replace(await self.writable_bookies(), md, ensemble, positions, exclude=exclude)
 
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` in the background; close() gives it a moment to finish."""
@@ -202,6 +215,7 @@ class AsyncBookKeeper:
                 self.ctx = ClientContext(store, self._transport, self.config, self._rng)
             else:
                 self.ctx = ClientContext.over_zmq(store, self.config, self._rng)
+            self.ctx.spawn(asyncio.to_thread(self.ctx.bookies.start))
         return self
 
     async def close(self) -> None:
@@ -216,6 +230,7 @@ class AsyncBookKeeper:
         ctx, self.ctx = self.ctx, None
         if ctx.explicit_lac is not None:
             ctx.explicit_lac.stop()
+        await asyncio.to_thread(ctx.bookies.close)
         if ctx._background:
             await asyncio.wait(list(ctx._background), timeout=1.0)
         await ctx.transport.close()

@@ -417,12 +417,12 @@ class LedgerHandle(ReadHandle):
             self._schedule_flush()
 
     async def _change_once(self) -> None:
-        bookies = await self.ctx.writable_bookies()
         ensemble = list(self.md.last_ensemble)
         positions = [i for i, b in enumerate(ensemble) if b in self._to_replace]
         replaced = [ensemble[i] for i in positions]
         try:
-            ensemble = self.ctx.placement.replace(bookies, self.md, ensemble, positions, exclude=self._to_replace)
+            ensemble = await self.ctx.replacements(self.md, ensemble, positions, exclude=self._to_replace,
+                                                   first_attempt=self._changes_without_progress == 1)
         except NotEnoughBookiesError:
             # No spare bookie, but the silent one may just be fenced by a recovering reader:
             # then the writer must learn that it lost the ledger, not that bookies are short.
