@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,20 @@ from zbk.wire.status import Status
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.client.handles")
 NO_FLAGS = ReadFlag(0)
+
+
+def abandon(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel the requests not waited for any more. One may still end in its own error (its
+    reply failed as it was cancelled): that error is taken here, so asyncio does not log it
+    as never retrieved; what the bookies answered was decided without it."""
+    for task in tasks:
+        task.cancel()
+        task.add_done_callback(_retrieved)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +225,7 @@ class ReadHandle:
                         return entries[0]
                     errors[b] = status
         finally:
-            for task in tasks:
-                task.cancel()
+            abandon(tasks)
         raise _read_error(self.ledger_id, entry_id, errors)
 
     def _read_order(self, entry_id: int) -> list[str]:

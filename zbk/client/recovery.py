@@ -26,6 +26,7 @@ from zbk import limits
 from zbk.backoff import Backoff
 from zbk.client import metrics as cm
 from zbk.client.context import HandleContext
+from zbk.client.reading import abandon
 from zbk.client.writing import LedgerHandle
 from zbk.errors import (
     BookieUnavailableError,
@@ -92,8 +93,7 @@ async def fence(ctx: HandleContext, md: LedgerMetadata, master_key: bytes) -> in
             if len(unknown) >= md.ack_quorum:
                 break
     finally:
-        for task in tasks:
-            task.cancel()
+        abandon(tasks)
     raise BookieUnavailableError(f"ledger {md.ledger_id}: fencing reached {len(positives)} of EC={ec} bookies "
                                  f"({len(unknown)} unknown: {'; '.join(unknown.values())})")
 
@@ -146,8 +146,7 @@ async def recovery_read(ctx: HandleContext, handle: LedgerHandle, entry_id: int,
                 if negatives >= qc:
                     return "negative", None, 0
     finally:
-        for task in tasks:
-            task.cancel()
+        abandon(tasks)
     raise UnknownLedgerStateError(f"ledger {md.ledger_id} entry {entry_id}: neither a copy nor QC={qc} explicit "
                                   f"negatives ({', '.join(seen)}): not truncating")
 

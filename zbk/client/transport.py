@@ -551,6 +551,8 @@ class ZmqTransport:
             raise BookieUnavailableError(f"bookie {bookie} did not answer within {timeout_s:.1f}s") from None
         finally:
             p.waiting.pop(msg.rid, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # taken: a lost connection fails the send and the answer alike
 
     async def _exchange(self, p: _Peer, msg: Any, fut: asyncio.Future[Any], timeout_s: float) -> Any:
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
