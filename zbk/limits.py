@@ -27,7 +27,13 @@ socket_hwm_messages = 10_000
 server_peer_send_hwm_messages = 100  # replies in libzmq's pipe to one peer
 server_peer_backlog_bytes_max = 16 * 1024 * 1024  # then replies wait here (bursts), up to this
 server_backlog_bytes_max = 256 * 1024 * 1024  # the backlogs of all peers together
-server_peer_recv_hwm_messages = 1_000  # then libzmq stops reading the peer's TCP (backpressure)
+# Unbounded (0): libzmq reads every peer's TCP socket at once, and the Server sheds load itself
+# (server_pending_requests_max, server_pending_add_bytes_max: ETOOMANYREQUESTS). With a bound,
+# libzmq 4.3.5 stops reading a peer whose pipe is full, and aborts the whole process if that
+# connection then closes with a heartbeat PING among its unread bytes (stream_engine_base.cpp:310,
+# tests/reliability/test_heartbeat_flood.py); a bookie that stopped reading also stops answering
+# its clients' PINGs, so they hang up on it.
+server_peer_recv_hwm_messages = 0
 server_peer_stall_s = 1.0  # a peer whose replies were dropped has its requests dropped for this long
 server_pending_requests_max = 50_000  # accepted, unanswered requests (long polls too); beyond: ETOOMANYREQUESTS
 server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledged adds; beyond: ETOOMANYREQUESTS

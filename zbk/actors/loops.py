@@ -4,9 +4,11 @@ journal's group commit.
 The ROUTER is where the network meets the bookie, so this is where slow and hostile peers
 are contained (docs/reliability.md, "Resources"):
 
-* Every peer has its own inbound and outbound pipe, each bounded in messages
-  (``server_peer_recv_hwm_messages`` / ``server_peer_send_hwm_messages``). A full inbound
-  pipe makes libzmq stop reading that peer's TCP socket (backpressure).
+* Every peer has its own inbound and outbound pipe. The outbound one is bounded in messages
+  (``server_peer_send_hwm_messages``). The inbound one is not
+  (``server_peer_recv_hwm_messages`` is 0): libzmq reads every peer at once, PINGs included,
+  and the Server sheds what it cannot take with ETOOMANYREQUESTS (see zbk/limits.py for why
+  libzmq must not stop reading a peer).
 * ROUTER_MANDATORY makes a full outbound pipe visible. Replies then wait in a per-peer
   backlog bounded in bytes, and a peer that stops reading is stalled: the decisions are
   :class:`~zbk.actors.serverpolicy.PeerBacklogs`'s, carried out by :class:`ReplySocket`.
