@@ -5,8 +5,8 @@ just before a recoverer's fencing read. The fence record went straight to the jo
 was synced while the add's entry was still on its way through the EntryLogger, so the read
 found no entry and answered ENOENTRY; then the add was appended, synced and acknowledged.
 The recoverer took the explicit negative, closed the ledger one entry short, and an
-acknowledged entry was lost. The Server now holds a fenced ledger's reads until its adds in
-flight are appended.
+acknowledged entry was lost. The Server now holds a read of a fenced ledger until the adds
+admitted before it are appended.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_regression_seed_1895359050_a_fence_read_waits_for_an_add_admitted_befor
     assert (lookup.ledger_id, lookup.first_entry_id) == (1, 20)
     core.on_message(Synced([ab.batch_id]), 0.0)
     assert [ident for ident, _ in replies] == [b"writer"]  # the add is acknowledged, the read follows the index
-    assert core.fenced_reads == []
+    assert core.fenced_reads == {} and core.fenced_waiting == 0
 
 
 def test_a_fence_read_waits_for_a_multi_add_part_of_its_ledger_and_no_other() -> None:
@@ -77,3 +77,57 @@ def test_a_fence_read_waits_for_a_multi_add_part_of_its_ledger_and_no_other() ->
                                                    entries=part(2, range(1, 2)).entries)), 0.0)
     fence_read(core, 5)  # ledger 1 is fenced already: no new fence record
     assert [lk.ledger_id for lk in out.take("index", Lookup)] == [1]
+
+
+RECOVERY = AddFlag.RECOVERY_ADD
+
+
+def recovery_add(core: ServerCore, out: ListOutbox, entry_id: int) -> AppendBatch:
+    core.on_request(b"repairer", encode(w.AddRequest(rid=100 + entry_id, ledger_id=1, master_key=KEY, flags=RECOVERY,
+                                                     entries=part(1, range(entry_id, entry_id + 1)).entries)), 0.0)
+    (ab,) = out.take("entrylogger", AppendBatch)
+    return ab
+
+
+def test_a_fence_read_does_not_wait_for_recovery_adds_admitted_after_it() -> None:
+    """A stream of recovery adds into a fenced ledger must not starve its reads: a read
+    waits only for the adds admitted before it."""
+    core, out, _ = make()
+    core.on_request(b"writer", encode(w.AddRequest(rid=1, ledger_id=1, master_key=KEY, flags=PLAIN,
+                                                   entries=part(1, range(20, 21)).entries)), 0.0)
+    (before,) = out.take("entrylogger", AppendBatch)
+    fence_read(core, 20)
+    sync_fence(core, out)
+    after = [recovery_add(core, out, e) for e in (30, 31)]  # admitted after the read arrived
+    core.on_message(Appended(before.batch_id, before.ledger_ids, before.entry_ids, [1]), 0.0)
+    (lookup,) = out.take("index", Lookup)  # served, though recovery adds are still on their way
+    assert lookup.first_entry_id == 20 and core.fenced_waiting == 0
+    assert all(ab.batch_id in core.unappended[1] for ab in after)
+
+
+def test_regression_chaos_seed_267285727_appends_of_other_ledgers_do_not_rescan_waiting_reads() -> None:
+    """The bug (a 30-minute chaos run, seed 267285727): every Appended message rescanned every
+    waiting fenced read against every add in flight, so a busy bookie with reads waiting
+    spent all its Server time there and stopped answering anyone. The waiting reads are
+    now kept per ledger, and only an Appended of their own ledger looks at them."""
+    core, out, _ = make()
+    core.on_request(b"writer", encode(w.AddRequest(rid=1, ledger_id=1, master_key=KEY, flags=PLAIN,
+                                                   entries=part(1, range(20, 21)).entries)), 0.0)
+    (held,) = out.take("entrylogger", AppendBatch)
+    fence_read(core, 20)
+    sync_fence(core, out)
+    for _ in range(500):
+        fence_read(core, 20)  # recoverers retrying: every read waits for the same add
+    assert core.fenced_waiting == 501
+    looked: list[int] = []
+    real = core._start_fenced_reads
+    core._start_fenced_reads = lambda lid: (looked.append(lid), real(lid))  # type: ignore[method-assign]
+    for k in range(200):  # adds of another ledger come and go
+        core.on_request(b"other", encode(w.AddRequest(rid=1000 + k, ledger_id=2, master_key=KEY, flags=PLAIN,
+                                                      entries=part(2, range(k, k + 1)).entries)), 0.0)
+        (ab,) = out.take("entrylogger", AppendBatch)
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1]), 0.0)
+    assert looked == [] and out.take("index", Lookup) == []
+    core.on_message(Appended(held.batch_id, held.ledger_ids, held.entry_ids, [1]), 0.0)
+    assert looked == [1] and len(out.take("index", Lookup)) == 501 and core.fenced_waiting == 0
+    assert core.unappended == {}

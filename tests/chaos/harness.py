@@ -378,16 +378,18 @@ def dump_stacks(cluster: ChaosCluster, log: Callable[[str], None]) -> None:
         return
     procs = [(f"b{i}", b.proc) for i, b in enumerate(cluster.bookies)] + \
         [(a.name, a.proc) for a in cluster.autorecovery]
+    dumped = 0
     for name, proc in procs:
         if proc is None or proc.poll() is not None:
             continue
+        dumped += 1
         out = cluster.root / f"{name}.stacks.txt"
         try:
             done = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, timeout=30)
             out.write_bytes(done.stdout + done.stderr)
         except (OSError, subprocess.TimeoutExpired) as e:
             out.write_text(f"py-spy dump failed: {e}\n")
-    log(f"chaos: stacks of the live processes dumped to {cluster.root}/*.stacks.txt")
+    log(f"chaos: stacks of {dumped} live processes dumped to {cluster.root}/*.stacks.txt")
 
 
 def _boot_total(logs: list[str], field: str) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,23 @@ def test_a_journal_off_crash_waits_while_another_journal_off_bookie_is_down_or_i
     limbo[4] = 0
     cluster.down_bookies.add(4)
     assert "b4 is down" in cluster.crash_blocked(kill3)
+
+
+def test_a_run_that_is_not_green_leaves_the_stacks_of_its_live_processes(tmp_path: Path) -> None:
+    """How a bookie that lived but no longer answered was found: its Server thread's stack."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from chaos.harness import dump_stacks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        time.sleep(0.5)
+        cluster = SimpleNamespace(root=tmp_path, bookies=[SimpleNamespace(proc=proc)], autorecovery=[])
+        said: list[str] = []
+        dump_stacks(cluster, said.append)  # type: ignore[arg-type]
+        assert said == [f"chaos: stacks of 1 live processes dumped to {tmp_path}/*.stacks.txt"], said
+        assert "<module> (<string>:2)" in (tmp_path / "b0.stacks.txt").read_text()
+    finally:
+        stop_process(proc)

@@ -125,6 +125,9 @@ class ServerAdds(ServerReads):
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
                                       syncs=syncs, parts=accepted, statuses=statuses)
+        unappended = self.unappended
+        for lid in set(lids):
+            unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, lids, eids, blobs, self.journal_write_data))
 
     # ADD_ENTRY ---------------------------------------------------------------------------
@@ -181,6 +184,7 @@ class ServerAdds(ServerReads):
         self.add_bytes += nbytes
         self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
                                       syncs=syncs)
+        self.unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids,
                                                   [bytes(b) for b in req.entries], self.journal_write_data))
 
@@ -199,8 +203,14 @@ class ServerAdds(ServerReads):
             self._raise_lacs(p, now)
         p.appended = True
         self._maybe_complete_add(msg.batch_id, p, now)
-        if self.fenced_reads:
-            self._start_fenced_reads()
+        unappended, fenced_reads = self.unappended, self.fenced_reads
+        for lid in ((p.ledger_id,) if p.parts is None else {part[1] for part in p.parts}):
+            batches = unappended[lid]
+            del batches[msg.batch_id]
+            if not batches:
+                del unappended[lid]
+            if lid in fenced_reads:
+                self._start_fenced_reads(lid)
 
     def _raise_lacs(self, p: PendingAdd, now: float) -> None:
         """Raise each ledger's LAC to the one its entries carry, as soon as they are appended.

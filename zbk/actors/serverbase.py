@@ -132,9 +132,15 @@ class ServerBase:
         self.adds: dict[int, PendingAdd] = {}
         self.meta_waiters: dict[int, PendingRead] = {}
         self.reads: dict[int, PendingRead] = {}
-        # Reads of fenced ledgers that wait for adds admitted before the fence to be appended
-        # (zbk/actors/serverreads.py, _start_read).
-        self.fenced_reads: list[PendingRead] = []
+        # Per ledger, the batch ids of its adds not yet appended, oldest first: batch ids
+        # grow with admission and deleting keys keeps the order, so the first key is the
+        # oldest. Kept for every add, so a read of a fenced ledger finds at once whether an
+        # add admitted before it is still on its way (zbk/actors/serverreads.py, _start_read).
+        self.unappended: dict[int, dict[int, None]] = {}
+        # The reads of fenced ledgers waiting for those adds, per ledger: (the newest batch
+        # id admitted before the read, the read). Later adds (recovery adds) never hold it.
+        self.fenced_reads: dict[int, list[tuple[int, PendingRead]]] = {}
+        self.fenced_waiting = 0  # reads in fenced_reads, over all ledgers
         self.disk_usage = (0, 0)
         self.polling: set[int] = set()  # ledgers with long-poll waiters
         self.pending_requests_max = pending_requests_max
@@ -257,7 +263,7 @@ class ServerBase:
     @property
     def in_flight(self) -> int:
         """Requests accepted and not yet answered (waiting for another actor, or polling)."""
-        return len(self.adds) + len(self.reads) + len(self.meta_waiters) + self.long_polls + len(self.fenced_reads)
+        return len(self.adds) + len(self.reads) + len(self.meta_waiters) + self.long_polls + self.fenced_waiting
 
     def _overloaded(self, req: Any) -> bool:
         if self.in_flight >= self.pending_requests_max:

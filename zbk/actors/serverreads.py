@@ -85,15 +85,22 @@ class ServerReads(ServerBase):
     def _start_read(self, ident: bytes, req: w.ReadRequest, started: float) -> None:
         lid = req.ledger_id
         state = self.ledgers.get(lid)
-        if state is not None and state.fenced and self._appending(lid):
+        if state is not None and state.fenced and lid in self.unappended:
             # An add admitted before the fence is acknowledged once it is appended and
             # synced, fence or not. A read answered before it is appended would tell a
             # recoverer the entry is not here (an explicit negative) and let it close the
-            # ledger below an entry this bookie then acknowledges. So the reads of a fenced
-            # ledger wait for its adds in flight; the fence admits no new ones but recovery
-            # adds, so the wait ends.
-            self.fenced_reads.append(PendingRead(ident, req, started))
+            # ledger below an entry this bookie then acknowledges. So a read of a fenced
+            # ledger waits for the adds admitted before it; adds admitted after it (the
+            # fence admits recovery adds only) never hold it.
+            newest = next(reversed(self.unappended[lid]))
+            self.fenced_reads.setdefault(lid, []).append((newest, PendingRead(ident, req, started)))
+            self.fenced_waiting += 1
             return
+        self._read_now(ident, req, started)
+
+    def _read_now(self, ident: bytes, req: w.ReadRequest, started: float) -> None:
+        lid = req.ledger_id
+        state = self.ledgers.get(lid)
         first, count = req.first_entry_id, req.count
         if req.flags & w.ReadFlag.LONG_POLL:
             first = req.previous_lac + 1
@@ -111,21 +118,17 @@ class ServerReads(ServerBase):
         self._to_index(Lookup(ctx, lid, first, count, limits.read_response_bytes_max,
                               sparse=bool(req.flags & w.ReadFlag.SPARSE)))
 
-    def _appending(self, lid: int) -> bool:
-        """Whether an add of ``lid`` is admitted and not yet appended (a scan of the adds in
-        flight: only reads of fenced ledgers, which recovery makes, ask)."""
-        for p in self.adds.values():
-            if p.appended:
-                continue
-            if p.ledger_id == lid or (p.parts is not None and any(part[1] == lid for part in p.parts)):
-                return True
-        return False
-
-    def _start_fenced_reads(self) -> None:
-        """Start the reads that waited for adds in flight (those still waiting wait on)."""
-        waiting, self.fenced_reads = self.fenced_reads, []
-        for r in waiting:
-            self._start_read(r.ident, r.req, r.started)
+    def _start_fenced_reads(self, lid: int) -> None:
+        """Start the reads of ``lid`` whose adds admitted before them are all appended now."""
+        batches = self.unappended.get(lid)
+        oldest = next(iter(batches)) if batches else None
+        waiting = self.fenced_reads.pop(lid)
+        ready = [r for newest, r in waiting if oldest is None or newest < oldest]
+        if len(ready) < len(waiting):
+            self.fenced_reads[lid] = [(newest, r) for newest, r in waiting if oldest is not None and newest >= oldest]
+        self.fenced_waiting -= len(ready)
+        for r in ready:
+            self._read_now(r.ident, r.req, r.started)
 
     def _on_read_result(self, msg: ReadResult, now: float) -> None:
         p = self.reads.pop(msg.ctx)
