@@ -179,6 +179,9 @@ class ChaosCluster:
         self.paused_bookies: set[int] = set()
         self.readonly_bookies: set[int] = set()
         self.down_etcd: set[int] = set()
+        # Bookies crashed (killed, power-cut, exited) since they last said they had no ledger
+        # in limbo: only these can be in limbo (crash_blocked).
+        self.maybe_limbo: set[int] = set()
         self.net_faults: dict[int, list[Drop]] = {}  # bookie -> the drops of its partition
         self.power_cuts: list[dict[str, Any]] = []  # the layers' reports
         self.ar_metrics_of_dead: dict[str, float] = {}
@@ -268,14 +271,17 @@ class ChaosCluster:
         if f.kind not in CRASH_KINDS or f.target not in self.s.journal_off:
             return ""
         for j in sorted(self.s.journal_off - {f.target}):
-            if j in self.down_bookies or j in self.paused_bookies:
+            if j in self.down_bookies:
                 return f"journal-off bookie b{j} is down"
+            if j not in self.maybe_limbo:
+                continue  # not crashed since it last said it had no ledger in limbo
             try:
                 limbo = int(self.bookie_info(j).get("limbo_ledgers", 0))
             except (OSError, ValueError) as e:
-                return f"journal-off bookie b{j} did not say how many ledgers it has in limbo ({e})"
+                return f"journal-off bookie b{j} crashed and has not said since that it has no ledger in limbo ({e})"
             if limbo:
                 return f"journal-off bookie b{j} has {limbo} ledgers in limbo"
+            self.maybe_limbo.discard(j)
         return ""
 
     def inject(self, f: Fault) -> None:
@@ -291,6 +297,7 @@ class ChaosCluster:
 
     def _start_bookie_kill(self, i: int) -> None:
         self.down_bookies.add(i)
+        self.maybe_limbo.add(i)
         self.bookies[i].kill9()
 
     def _end_bookie_kill(self, i: int) -> None:
@@ -387,6 +394,7 @@ class ChaosCluster:
         b = self.bookies[i]
         assert isinstance(b, HostBookie)
         self.down_bookies.add(i)
+        self.maybe_limbo.add(i)
         report = b.power_cut(torn=bool(f.param), seed=int(f.at_s * 1000))
         self.power_cuts.append({"bookie": f"b{i}", "at_s": f.at_s, "torn": bool(f.param), **report})
 
@@ -415,6 +423,7 @@ class ChaosCluster:
                     continue
                 self.findings.exit(f"bookie b{i} exited with {b.proc.returncode}: {why_exited(b.log)} ({b.log})")
                 self.log(f"!! bookie b{i} exited with {b.proc.returncode}; restarting it")
+                self.maybe_limbo.add(i)
                 self.paused_bookies.discard(i)
                 b.start(wait=False)
             for a in list(self.autorecovery):

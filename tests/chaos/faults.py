@@ -45,8 +45,8 @@ not an overload of the fault model:
   round's power cut hits a journal-on bookie, so that short kill is its only journal-off crash.
 
 One limit is kept when the faults run, not in the plan, because it depends on the cluster's
-state: a journal-off bookie is not crashed while another journal-off bookie is down or
-still has ledgers in limbo (:meth:`chaos.cluster.ChaosCluster.crash_blocked`); the fault is
+state: a journal-off bookie is not crashed while another journal-off bookie is down, or
+crashed and has not said since that it has no ledger in limbo (:meth:`chaos.cluster.ChaosCluster.crash_blocked`); the fault is
 skipped and counted. BP-46's repair is modelled and promised for one bookie that may have
 lost data at a time: a ledger in limbo on two bookies of its write quorum cannot be told
 apart from one that lost an entry both acknowledged, so its recovery (rightly) refuses to

@@ -202,16 +202,28 @@ def test_a_journal_off_crash_waits_while_another_journal_off_bookie_is_down_or_i
     bookies of its write quorum cannot be recovered without an operator, so the run skips
     a crash that could make one (tests/chaos/faults.py)."""
     cluster = ChaosCluster(tmp_path, ClusterSettings(), Findings())
-    limbo = {3: 0, 4: 0}
-    cluster.bookie_info = lambda j: {"limbo_ledgers": limbo[j]}  # type: ignore[method-assign,assignment]
+    limbo: dict[int, int | None] = {3: 0, 4: 7}
+
+    def info(j: int) -> dict[str, int]:
+        n = limbo[j]
+        if n is None:
+            raise TimeoutError("timed out")  # isolated, paused, booting
+        return {"limbo_ledgers": n}
+
+    cluster.bookie_info = info  # type: ignore[method-assign,assignment]
     kill3 = Fault(10.0, "bookie_kill", 3, 2.0)
-    assert cluster.crash_blocked(kill3) == ""
-    limbo[4] = 7
+    assert cluster.crash_blocked(kill3) == ""  # b4 never crashed: not asked
+    cluster.maybe_limbo.add(4)  # as a kill or power cut of b4 does
     assert "b4 has 7 ledgers in limbo" in cluster.crash_blocked(kill3)
-    assert cluster.crash_blocked(Fault(10.0, "bookie_power_cut", 4, 2.0)) == ""  # b3 has none
+    assert cluster.crash_blocked(Fault(10.0, "bookie_power_cut", 4, 2.0)) == ""  # b3 never crashed
     assert cluster.crash_blocked(Fault(10.0, "bookie_kill", 0, 2.0)) == ""  # journal on: never in limbo
     assert cluster.crash_blocked(Fault(10.0, "bookie_pause", 3, 2.0)) == ""  # not a crash
+    limbo[4] = None
+    assert "has not said" in cluster.crash_blocked(kill3)  # crashed, and no answer: unknown
     limbo[4] = 0
+    assert cluster.crash_blocked(kill3) == "" and 4 not in cluster.maybe_limbo  # seen clean: not asked again
+    limbo[4] = None
+    assert cluster.crash_blocked(kill3) == ""
     cluster.down_bookies.add(4)
     assert "b4 is down" in cluster.crash_blocked(kill3)
 
