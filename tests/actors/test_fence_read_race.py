@@ -89,15 +89,22 @@ def recovery_add(core: ServerCore, out: ListOutbox, entry_id: int) -> AppendBatc
     return ab
 
 
-def test_a_fence_read_does_not_wait_for_recovery_adds_admitted_after_it() -> None:
-    """A stream of recovery adds into a fenced ledger must not starve its reads: a read
-    waits only for the adds admitted before it."""
+def fenced_behind_an_add() -> tuple[ServerCore, ListOutbox, AppendBatch]:
+    """Ledger 1 with an add of entry 20 admitted and not yet appended, then fenced by a read
+    of entry 20, which waits for it: (core, outbox, the add's AppendBatch)."""
     core, out, _ = make()
     core.on_request(b"writer", encode(w.AddRequest(rid=1, ledger_id=1, master_key=KEY, flags=PLAIN,
                                                    entries=part(1, range(20, 21)).entries)), 0.0)
-    (before,) = out.take("entrylogger", AppendBatch)
+    (ab,) = out.take("entrylogger", AppendBatch)
     fence_read(core, 20)
     sync_fence(core, out)
+    return core, out, ab
+
+
+def test_a_fence_read_does_not_wait_for_recovery_adds_admitted_after_it() -> None:
+    """A stream of recovery adds into a fenced ledger must not starve its reads: a read
+    waits only for the adds admitted before it."""
+    core, out, before = fenced_behind_an_add()
     after = [recovery_add(core, out, e) for e in (30, 31)]  # admitted after the read arrived
     core.on_message(Appended(before.batch_id, before.ledger_ids, before.entry_ids, [1]), 0.0)
     (lookup,) = out.take("index", Lookup)  # served, though recovery adds are still on their way
@@ -110,12 +117,7 @@ def test_regression_chaos_seed_267285727_appends_of_other_ledgers_do_not_rescan_
     waiting fenced read against every add in flight, so a busy bookie with reads waiting
     spent all its Server time there and stopped answering anyone. The waiting reads are
     now kept per ledger, and only an Appended of their own ledger looks at them."""
-    core, out, _ = make()
-    core.on_request(b"writer", encode(w.AddRequest(rid=1, ledger_id=1, master_key=KEY, flags=PLAIN,
-                                                   entries=part(1, range(20, 21)).entries)), 0.0)
-    (held,) = out.take("entrylogger", AppendBatch)
-    fence_read(core, 20)
-    sync_fence(core, out)
+    core, out, held = fenced_behind_an_add()
     for _ in range(500):
         fence_read(core, 20)  # recoverers retrying: every read waits for the same add
     assert core.fenced_waiting == 501

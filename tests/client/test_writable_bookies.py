@@ -12,13 +12,15 @@ list may answer and where the store must."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from zbk.client.bookies import WritableBookies
-from zbk.client.bookkeeper import AsyncBookKeeper
+from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
 from zbk.errors import NotEnoughBookiesError
 from zbk.metadata.memory import MemoryMetadataStore
 from zbk.metadata.registry import BookieRegistration, list_bookies, register_bookie, unregister_bookie
@@ -62,31 +64,29 @@ class CountingStore(MemoryMetadataStore):
         return super().list(prefix, **kw)
 
 
-async def started(store: CountingStore) -> AsyncBookKeeper:
-    bk = await AsyncBookKeeper(store=store).start()
-    assert bk.ctx is not None
-    for _ in range(200):  # the watch is set up in the background of start()
-        if bk.ctx.bookies.live:
-            return bk
-        await asyncio.sleep(0.01)
-    raise AssertionError("the registry watch never went live")
-
-
-def registered(n: int) -> tuple[CountingStore, int]:
+@contextlib.asynccontextmanager
+async def client_of(bookies: int) -> AsyncIterator[tuple[CountingStore, int, AsyncBookKeeper, ClientContext]]:
+    """A registry of ``bookies`` bookies under one lease, and a client whose watch is live."""
     store = CountingStore(inline_watches=True)
     lease = store.grant_lease(60)
-    for i in range(n):
+    for i in range(bookies):
         register_bookie(store, BookieRegistration(f"127.0.0.1:{i + 1}"), lease)
-    return store, lease
+    bk = await AsyncBookKeeper(store=store).start()
+    try:
+        assert bk.ctx is not None
+        for _ in range(200):  # the watch is set up in the background of start()
+            if bk.ctx.bookies.live:
+                break
+            await asyncio.sleep(0.01)
+        assert bk.ctx.bookies.live, "the registry watch never went live"
+        yield store, lease, bk, bk.ctx
+    finally:
+        await bk.close()
 
 
 def test_a_first_attempt_is_placed_from_the_watched_list() -> None:
     async def main() -> None:
-        store, _ = registered(4)
-        bk = await started(store)
-        try:
-            ctx = bk.ctx
-            assert ctx is not None
+        async with client_of(4) as (store, _, bk, ctx):
             lh = await bk.create_ledger(3, 2, 2)
             ensemble = list(lh.md.last_ensemble)
             before = store.registry_lists
@@ -97,19 +97,13 @@ def test_a_first_attempt_is_placed_from_the_watched_list() -> None:
             # Later attempts read the store: the list may still show a bookie that is gone.
             await ctx.replacements(lh.md, ensemble, [0], exclude={ensemble[0]}, first_attempt=False)
             assert store.registry_lists == before + 1
-        finally:
-            await bk.close()
 
     asyncio.run(main())
 
 
 def test_a_bookie_the_list_has_not_seen_yet_is_found_in_the_store() -> None:
     async def main() -> None:
-        store, lease = registered(3)
-        bk = await started(store)
-        try:
-            ctx = bk.ctx
-            assert ctx is not None
+        async with client_of(3) as (store, lease, bk, ctx):
             lh = await bk.create_ledger(3, 2, 2)
             ensemble = list(lh.md.last_ensemble)
             ctx.bookies.close()  # the list stops following: the next registration is unseen
@@ -120,25 +114,18 @@ def test_a_bookie_the_list_has_not_seen_yet_is_found_in_the_store() -> None:
             unregister_bookie(store, "127.0.0.1:9")
             with pytest.raises(NotEnoughBookiesError):
                 await ctx.replacements(lh.md, ensemble, [1], exclude={ensemble[1]}, first_attempt=True)
-        finally:
-            await bk.close()
 
     asyncio.run(main())
 
 
 def test_creation_reads_the_store_not_the_list() -> None:
     async def main() -> None:
-        store, _ = registered(4)
-        bk = await started(store)
-        try:
-            assert bk.ctx is not None
-            bk.ctx.bookies.close()  # a list that no longer follows the registry
-            bk.ctx.bookies.live = True
+        async with client_of(4) as (store, _, bk, ctx):
+            ctx.bookies.close()  # a list that no longer follows the registry
+            ctx.bookies.live = True
             unregister_bookie(store, "127.0.0.1:4")
             for _ in range(20):
                 lh = await bk.create_ledger(3, 2, 2)
                 assert "127.0.0.1:4" not in lh.md.last_ensemble
-        finally:
-            await bk.close()
 
     asyncio.run(main())
