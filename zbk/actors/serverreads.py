@@ -122,10 +122,15 @@ class ServerReads(ServerBase):
         """Start the reads of ``lid`` whose adds admitted before them are all appended now."""
         batches = self.unappended.get(lid)
         oldest = next(iter(batches)) if batches else None
-        waiting = self.fenced_reads.pop(lid)
-        ready = [r for newest, r in waiting if oldest is None or newest < oldest]
-        if len(ready) < len(waiting):
-            self.fenced_reads[lid] = [(newest, r) for newest, r in waiting if oldest is not None and newest >= oldest]
+        ready: list[PendingRead] = []
+        still: list[tuple[int, PendingRead]] = []
+        for newest, r in self.fenced_reads.pop(lid):
+            if oldest is None or newest < oldest:
+                ready.append(r)
+            else:
+                still.append((newest, r))
+        if still:
+            self.fenced_reads[lid] = still
         self.fenced_waiting -= len(ready)
         for r in ready:
             self._read_now(r.ident, r.req, r.started)

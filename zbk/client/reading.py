@@ -42,12 +42,14 @@ def abandon(tasks: Iterable[asyncio.Future[Any]]) -> None:
     as never retrieved; what the bookies answered was decided without it."""
     for task in tasks:
         task.cancel()
-        task.add_done_callback(_retrieved)
+        task.add_done_callback(retrieved)
 
 
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """A done callback that takes ``fut``'s error, for futures whose error is reported some
+    other way (or does not matter): asyncio then does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 @dataclass(frozen=True, slots=True)

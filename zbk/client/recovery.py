@@ -26,7 +26,7 @@ from zbk import limits
 from zbk.backoff import Backoff
 from zbk.client import metrics as cm
 from zbk.client.context import HandleContext
-from zbk.client.reading import abandon
+from zbk.client.reading import abandon, retrieved
 from zbk.client.writing import LedgerHandle
 from zbk.errors import (
     BookieUnavailableError,
@@ -196,7 +196,7 @@ async def recover(ctx: HandleContext, ledger_id: int, password: bytes) -> tuple[
         assert blob is not None
         handle.next_entry_id = eid + 1
         # Write back to AQ with recovery adds (pipelined); a failure shows in handle.failed.
-        handle._push(eid, blob, 0).add_done_callback(_retrieved)
+        handle._push(eid, blob, 0).add_done_callback(retrieved)
         last, length = eid, entry_length
         eid += 1
     await handle.wait_drained()
@@ -228,8 +228,3 @@ def _with_changes(current: LedgerMetadata, fenced: LedgerMetadata, ours: LedgerM
         if (first, bookies) not in fenced.fragments:
             current = current.with_fragment(first, bookies)
     return current
-
-
-def _retrieved(fut: asyncio.Future[int]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # reported through handle.failed; keeps asyncio from logging it again
