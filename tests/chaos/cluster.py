@@ -267,7 +267,8 @@ class ChaosCluster:
     # -- faults ---------------------------------------------------------------------------
     def crash_blocked(self, f: Fault) -> str:
         """Why ``f``, a crash of a journal-off bookie, must not happen now ('' if it may): another
-        journal-off bookie is down, or does not say it has no ledger in limbo (tests/chaos/faults.py)."""
+        journal-off bookie is down, or crashed and has not said since that it has no ledger in
+        limbo (tests/chaos/faults.py)."""
         if f.kind not in CRASH_KINDS or f.target not in self.s.journal_off:
             return ""
         for j in sorted(self.s.journal_off - {f.target}):

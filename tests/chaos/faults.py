@@ -50,7 +50,8 @@ crashed and has not said since that it has no ledger in limbo (:meth:`chaos.clus
 skipped and counted. BP-46's repair is modelled and promised for one bookie that may have
 lost data at a time: a ledger in limbo on two bookies of its write quorum cannot be told
 apart from one that lost an entry both acknowledged, so its recovery (rightly) refuses to
-close it, and it waits for an operator (docs/operations.md, "Running without the journal").
+close it, and it waits for an operator (docs/autorecovery.md, "Two journal-off bookies of one
+ledger in limbo at once").
 """
 
 from __future__ import annotations
