@@ -66,7 +66,8 @@ class CountingStore(MemoryMetadataStore):
 
 @contextlib.asynccontextmanager
 async def client_of(bookies: int) -> AsyncIterator[tuple[CountingStore, int, AsyncBookKeeper, ClientContext]]:
-    """A registry of ``bookies`` bookies under one lease, and a client whose watch is live."""
+    """A registry of ``bookies`` bookies under one lease, and a client whose watch is live
+    (it starts with the client's first ledger, which this creates)."""
     store = CountingStore(inline_watches=True)
     lease = store.grant_lease(60)
     for i in range(bookies):
@@ -74,7 +75,9 @@ async def client_of(bookies: int) -> AsyncIterator[tuple[CountingStore, int, Asy
     bk = await AsyncBookKeeper(store=store).start()
     try:
         assert bk.ctx is not None
-        for _ in range(200):  # the watch is set up in the background of start()
+        assert not bk.ctx.bookies.live  # a client that only reads sets up no watch
+        await bk.create_ledger(3, 2, 2)
+        for _ in range(200):  # the watch is set up in the background of the first creation
             if bk.ctx.bookies.live:
                 break
             await asyncio.sleep(0.01)

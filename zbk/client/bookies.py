@@ -18,7 +18,8 @@ the store stays the authority:
   placed again from the store before it fails;
 * ledger creation always reads the store.
 
-Until the watch runs, or when it cannot be set up, every caller reads the store.
+The watch starts with the first ledger a client creates (a client that only reads sets up
+none). Until it runs, or when it cannot be set up, every caller reads the store.
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ class ClientContext:
         # more objects to reach per round of appends.
         self._master_keys: dict[bytes, bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self.bookies = WritableBookies(store)  # started by AsyncBookKeeper.start
+        self.bookies = WritableBookies(store)  # started by follow_bookies
+        self._following = False
         self.adds = AddDispatcher(self)  # sends the adds of all this client's ledger handles
         lac_ms = config.explicit_lac_interval_ms
         self.explicit_lac = ExplicitLac(self, lac_ms) if lac_ms > 0 else None
@@ -116,6 +117,14 @@ class ClientContext:
         bookies = await asyncio.to_thread(list_bookies, self.store)
         self.resolver.learn(bookies)
         return bookies
+
+    def follow_bookies(self) -> None:
+        """Start the watched list of writable bookies (zbk.client.bookies) in the background,
+        once: from the first ledger this client creates, so that a client that only reads
+        sets up no watch."""
+        if not self._following:
+            self._following = True
+            self.spawn(asyncio.to_thread(self.bookies.start))
 
     async def replacements(self, md: LedgerMetadata, ensemble: list[str], positions: Sequence[int], *,
                            exclude: Set[str], first_attempt: bool) -> list[str]:
@@ -215,7 +224,6 @@ class AsyncBookKeeper:
                 self.ctx = ClientContext(store, self._transport, self.config, self._rng)
             else:
                 self.ctx = ClientContext.over_zmq(store, self.config, self._rng)
-            self.ctx.spawn(asyncio.to_thread(self.ctx.bookies.start))
         return self
 
     async def close(self) -> None:
@@ -295,6 +303,7 @@ class AsyncBookKeeper:
                             digest=digest, password=password, fragments=((0, tuple(chosen)),),
                             custom_metadata=custom, ctime_ms=int(time.time() * 1000)).validate()
         md, version = await asyncio.to_thread(ctx.ledgers.create, md)
+        ctx.follow_bookies()  # its ensemble changes place replacements from the watched list
         return LedgerHandle(ctx, md, version, password, deferred_sync=deferred_sync)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> ReadHandle:
