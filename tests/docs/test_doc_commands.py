@@ -56,7 +56,7 @@ OVERRIDES: tuple[Override, ...] = (
              "collected here, which checks the paths and selections (pytest fails when nothing is "
              "selected), and the runner checks that every ZBK_* variable the line sets is read by "
              "the code; a one-schedule line is cheap and runs for real"),
-    Override("docs/reliability.md", r"bench/stall\.py --rounds 6$", "bench/stall.py --rounds 1",
+    Override("docs/reliability.md", r"bench/stall\.py --rounds 6\b", "bench/stall.py --rounds 1",
              "one round of each fault instead of five: the bench's whole path, in a fifth of the time"),
     Override("docs/operations.md", r"^prometheus --config\.file=prometheus/prometheus\.yml$",
              r"\g<0> --web.listen-address=127.0.0.1:@FREE_PORT@ --storage.tsdb.path=@ROOT@/prometheus-data",
