@@ -208,3 +208,31 @@ def test_a_mark_another_worker_finished_after_our_listing_is_not_worked_again(en
     assert not asyncio.run(env.replicator.run_once())
     assert env.t.requests == before, "nothing is sent for marks that are gone"
     assert env.registry.lock_holder(lid) is None
+
+
+def test_marks_of_bookies_registered_again_are_cleared_in_one_pass_without_locks(env: Env) -> None:
+    """A bookie away longer than the recovery delay leaves a mark on each of its ledgers; once
+    it registered again there is nothing to copy, and one pass clears them all without a
+    lock or a metadata read per ledger. A mark that changed since the listing (the auditor
+    named another loss) stays; the ledger that did lose a bookie is repaired as before."""
+    returned = [100 + i for i in range(20)]
+    for lid in returned:
+        env.registry.mark(lid, [LIVE[1]])  # no such ledger even: the sweep reads no metadata
+    listing = env.registry.list()
+    changed = returned[0]
+    env.registry.mark(changed, [LIVE[2], DEAD])  # named a real loss after the listing
+    env.registry.list = lambda: listing  # type: ignore[method-assign]
+    locks: list[int] = []
+    real_try_lock = env.registry.try_lock
+
+    def try_lock(lid: int, lease: int) -> bool:
+        locks.append(lid)
+        return real_try_lock(lid, lease)
+
+    env.registry.try_lock = try_lock  # type: ignore[method-assign]
+    assert asyncio.run(env.replicator.run_once())
+    del env.registry.list
+    left = [m.ledger_id for m in UnderReplicationRegistry(env.store, "reader").list()]
+    assert left == [changed], "the changed mark stays; the others are cleared or repaired"
+    assert locks == [env.md.ledger_id], "a lock only for the ledger that lost a bookie"
+    assert DEAD not in LedgerStore(env.store).read(env.md.ledger_id)[0].all_bookies()

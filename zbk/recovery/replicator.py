@@ -1,7 +1,11 @@
 """Replicator workers: make under-replicated ledgers whole again.
 
-One pass of a worker over the marks (``underreplication/ledgers/``), in random order so
-that workers spread out:
+A pass of a worker first clears, in one sweep, the marks (``underreplication/ledgers/``)
+whose every named bookie is registered again (step 2 would find nothing lost: the common
+end of a bookie that was away longer than the recovery delay, which costs no copy and
+should not cost a lock per ledger either). Each removal is a compare-and-delete at the
+version listed, so a loss the auditor adds meanwhile keeps its mark. Then it works on one
+of the other marks, in random order so that workers spread out:
 
 1. Take the ledger's lease-bound lock (skip it if another worker holds it, or if it is
    backing off after a failure), then read the mark again: the pass's list is older than
@@ -121,6 +125,8 @@ class Replicator:
         marks.extend(await asyncio.to_thread(self.registry.list))
         marks.extend(await asyncio.to_thread(self.registry.list_repairs))
         self._forget_unmarked({m.ledger_id for m in marks})
+        swept = await self._sweep_returned(marks)
+        marks = [m for m in marks if isinstance(m, RepairMark) or m.ledger_id not in swept]
         self.rng.shuffle(marks)
         for mark in marks:
             lid = mark.ledger_id
@@ -139,12 +145,31 @@ class Replicator:
                     current = await asyncio.to_thread(self._current, mark)
                     if current is None:
                         continue
-                    return await self._attempt(current)
+                    return await self._attempt(current) or bool(swept)
                 finally:
                     await asyncio.to_thread(self.registry.unlock, lid)
             finally:
                 self._busy.discard(lid)
-        return False
+        return bool(swept)
+
+    async def _sweep_returned(self, marks: list[UnderReplicatedLedger | RepairMark]) -> set[int]:
+        """Clear the under-replication marks that name only registered bookies; returns the
+        ledgers handled (cleared, or their mark changed since the listing: a later pass sees
+        it again)."""
+        registered = await self._registered()
+        returned = [m for m in marks if isinstance(m, UnderReplicatedLedger) and m.ledger_id not in self._busy
+                    and set(m.missing_bookies) <= registered]
+        if not returned:
+            return set()
+        self._busy.update(m.ledger_id for m in returned)
+        try:
+            cleared = await asyncio.to_thread(lambda: sum(self.registry.clear(m) for m in returned))
+        finally:
+            self._busy.difference_update(m.ledger_id for m in returned)
+        rm.REPLICATOR_LEDGERS_REPLICATED.inc(cleared)
+        log.info("cleared %d of %d under-replication marks whose bookies are registered again", cleared,
+                 len(returned))
+        return {m.ledger_id for m in returned}
 
     def _current(self, mark: UnderReplicatedLedger | RepairMark) -> UnderReplicatedLedger | RepairMark | None:
         if isinstance(mark, RepairMark):
