@@ -69,10 +69,12 @@ class ReplicationStatus:
     unreachable: list[str] = field(default_factory=list)
     ledgers: int = 0
     details: list[str] = field(default_factory=list)  # where the gaps are (a few ledgers)
+    gaps_scanned: bool = True
 
     @property
     def ok(self) -> bool:
-        return not (self.marks or self.limbo or self.not_closed or self.gaps or self.unreachable)
+        return self.gaps_scanned and not (self.marks or self.limbo or self.not_closed or self.gaps
+                                          or self.unreachable)
 
     def describe(self) -> str:
         if self.ok:
@@ -91,6 +93,8 @@ class ReplicationStatus:
             parts.append(f"{len(self.below_aq)} ledgers with entries below AQ copies ({sum(self.below_aq.values())})")
         if self.unreachable:
             parts.append(f"unreachable: {self.unreachable[:4]}")
+        if not self.gaps_scanned:
+            parts.append("replica gaps not scanned yet")
         return "; ".join(parts)
 
 
@@ -119,6 +123,7 @@ async def recover_all(bk: AsyncBookKeeper, deadline: float, log: Callable[[str],
     whole settle time.)"""
     pending = [lid for lid, md in (await all_metadata(bk)).items() if not md.is_closed]
     gate = asyncio.Semaphore(RECOVERIES_AT_ONCE)
+    started, total = time.monotonic(), len(pending)
 
     async def one(lid: int) -> int | None:
         async with gate:
@@ -133,6 +138,8 @@ async def recover_all(bk: AsyncBookKeeper, deadline: float, log: Callable[[str],
         pending = [lid for lid in await asyncio.gather(*(one(lid) for lid in pending)) if lid is not None]
         if pending:
             await asyncio.sleep(1.0)
+    log(f"chaos: final recovery: {total - len(pending)} of {total} open ledgers closed in "
+        f"{time.monotonic() - started:.1f} s")
     return pending
 
 
@@ -196,8 +203,12 @@ def describe_gaps(md: LedgerMetadata, g: LedgerGaps) -> str:
             f"last {md.last_entry_id}, fragments {{{frags}}}: {where}")
 
 
-async def replication_status(bk: AsyncBookKeeper, bookie_info: Callable[[], dict[str, dict[str, Any]]]
-                             ) -> ReplicationStatus:
+async def replication_status(bk: AsyncBookKeeper, bookie_info: Callable[[], dict[str, dict[str, Any]]], *,
+                             gaps_when_clear: bool = False) -> ReplicationStatus:
+    """``gaps_when_clear``: scan for replica gaps only if nothing else is pending. The scan
+    asks every bookie for every ledger's entries, seconds of work for a loaded cluster; a
+    poll that repeats it while marks are still being worked takes that time from the
+    replicators it waits for."""
     assert bk.ctx is not None
     st = ReplicationStatus()
     store = bk.ctx.store
@@ -211,6 +222,9 @@ async def replication_status(bk: AsyncBookKeeper, bookie_info: Callable[[], dict
     mds = await all_metadata(bk)
     st.ledgers = len(mds)
     st.not_closed = sorted(lid for lid, md in mds.items() if not md.is_closed)
+    if gaps_when_clear and (st.marks or st.limbo or st.not_closed or st.unreachable):
+        st.gaps_scanned = False
+        return st
     closed = [md for md in mds.values() if md.is_closed]
     for i in range(0, len(closed), 16):  # a few ledgers at a time: bounded requests in flight
         results = await asyncio.gather(*(ledger_gaps(bk, md) for md in closed[i:i + 16]))

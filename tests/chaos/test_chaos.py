@@ -158,6 +158,13 @@ async def _check_the_checks(uri: str, bookie_ids: list[str]) -> None:
         assert status.gaps == {lid: 50} and status.below_aq == {}
         assert status.limbo == {bookie_ids[0]: 1}
         assert spare.rsplit(":", 1)[1] + " lacks 50 [0-49]" in status.details[0]
+        # A poll while something else is pending skips the gap scan, and is not ok for it.
+        status = await checks.replication_status(bk, lambda: {b: {"limbo_ledgers": 1} for b in bookie_ids[:1]},
+                                                 gaps_when_clear=True)
+        assert not status.ok and status.gaps == {} and "replica gaps not scanned yet" in status.describe()
+        status = await checks.replication_status(bk, lambda: {b: {"limbo_ledgers": 0} for b in bookie_ids},
+                                                 gaps_when_clear=True)
+        assert not status.ok and status.gaps == {lid: 50}
 
 
 def test_patient_rides_out_an_unavailable_store_but_not_forever(monkeypatch: pytest.MonkeyPatch) -> None:
