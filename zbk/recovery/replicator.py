@@ -116,7 +116,8 @@ class Replicator:
                     pass
 
     async def run_once(self) -> bool:
-        """Work on one marked ledger we could lock; True if one was made whole."""
+        """Sweep the marks of bookies that are back, then work on one other marked ledger we
+        could lock; True if the sweep cleared a mark or a ledger was made whole."""
         enabled = await asyncio.to_thread(is_enabled, self.ctx.store)
         rm.AUTORECOVERY_ENABLED.set(1 if enabled else 0)
         if not enabled:
