@@ -839,6 +839,45 @@ def test_flapping_bookies_fail_the_writer_instead_of_spinning() -> None:
     sim.run(scenario())
 
 
+def test_regression_chaos_seed_330810027_acks_during_an_ensemble_change_confirm_nothing_it_moves() -> None:
+    """The 30-minute chaos run of seed 330810027 ended with entries on fewer than AQ bookies
+    of their write set: ledger 343 (E3/WQ2/AQ2) lacked entries 972-982 on the bookie that
+    replaced another at 972, and that bookie's entry logs never held them. Acks from the old
+    write set that arrived while the change's metadata write was in flight confirmed those
+    entries, so the new fragment began below the LAC and the replacement was never sent
+    them. During a change only acks of the bookies that stay confirm an entry."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=4)
+        lh, log, (e0, e1, e2) = await written_ledger(c, 3, 2, 2)
+        reader = c.client("reader")
+        await write_sequentially(lh, log, seed, 1)  # entry 0 on {e0, e1}
+        assert lh.md.write_set(1) == [e1.id, e2.id] and lh.md.write_set(2) == [e2.id, e0.id]
+        e1.rules.append(Rule("delay_reply", writer_add_of(1), seconds=0.3))
+        real_write = lh.ctx.write_metadata
+
+        async def slow_write(md: LedgerMetadata, version: int) -> int:
+            await asyncio.sleep(0.5)  # virtual time: e1's late ack arrives meanwhile
+            return await real_write(md, version)
+
+        lh.ctx.write_metadata = slow_write  # type: ignore[method-assign]
+        one = log.append(lh, payload(seed, 1))
+        await asyncio.sleep(0.01)  # e2 acked entry 1; e1's ack is on its way
+        e2.crash()
+        two = log.append(lh, payload(seed, 2))  # refused by e2: the ensemble change starts at 1
+        assert await asyncio.wait_for(asyncio.gather(one, two), 30) == [1, 2]
+        await lh.close()
+        md = lh.md
+        assert e2.id not in md.last_ensemble and md.fragments[-1][0] == 1
+        for eid in range(md.last_entry_id + 1):
+            for b in md.write_set(eid):
+                assert await read_status(reader, b, lh.ledger_id, eid) == Status.EOK, (eid, b, md.fragments)
+        assert await check_persistence(c, lh.ledger_id, PW, log) == []
+
+    sim.run(scenario())
+
+
 # -- 6. random fault schedules ------------------------------------------------------------------------------
 @dataclass
 class ScheduleOutcome:

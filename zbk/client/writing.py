@@ -334,12 +334,21 @@ class LedgerHandle(ReadHandle):
             self._drained()
             return
         aq = self.md.ack_quorum
-        if pending[0].acked.bit_count() < aq:
+        counted = -1  # the bookies whose acks count: all of them, except during a change
+        if self._changing:
+            # The new fragment starts at the LAC the change read, so an entry confirmed now
+            # belongs to it, where a bookie being replaced holds nothing: only acks of the
+            # bookies that stay count (its replacement is never sent an entry confirmed
+            # before the change lands). _change_ensemble confirms the rest once it is in.
+            bit = self._dispatcher.bit
+            for b in self._to_replace:
+                counted &= ~bit(b)
+        if (pending[0].acked & counted).bit_count() < aq:
             return
         if now is None:
             now = time.monotonic()
         lat = [] if latencies is None else latencies
-        while pending and pending[0].acked.bit_count() >= aq:
+        while pending and (pending[0].acked & counted).bit_count() >= aq:
             a = pending.popleft()
             self.last_confirmed = a.entry_id
             self.length += a.size
@@ -414,6 +423,7 @@ class LedgerHandle(ReadHandle):
             if not self.pending:
                 self._drained()
         if self.failed is None:
+            self._advance()
             self._schedule_flush()
 
     async def _change_once(self) -> None:
