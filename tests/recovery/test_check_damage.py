@@ -171,3 +171,31 @@ def test_the_verification_percent_is_a_percentage() -> None:
     cfg = load(AutoRecoveryConfig, overrides=["metadata_uri=sqlite:///tmp/m.db",
                                               "auditor_ledger_verification_percent=25"]).validate()
     assert cfg.autorecovery.auditor_ledger_verification_percent == 25
+
+
+def test_a_damaged_replica_is_marked_while_the_check_goes_on(env: Env) -> None:
+    """A check of thousands of ledgers takes minutes; it marked what it found only at its
+    end, so the replicators waited for the whole check. A ledger's damage is now marked as
+    soon as that ledger is checked."""
+    env.t.index_broken.add(env.victim)
+    other = LedgerMetadata(ledger_id=0, ensemble_size=3, write_quorum=2, ack_quorum=2, password=PW,
+                           fragments=((0, tuple(BOOKIES)),))
+    other, version = LedgerStore(env.store).create(other)
+    LedgerStore(env.store).write(other.closed(-1, 0), version)
+    checker = LedgerChecker(env.ctx, env.registry, rng=random.Random(3))
+    real = checker.check_ledger
+    seen_during_check: list[bool] = []
+
+    async def check_ledger(lid: int, registered: Any, report: CheckReport) -> None:
+        if lid == other.ledger_id:
+            for _ in range(100):  # the damaged ledger is checked meanwhile
+                if env.registry.list_repairs():
+                    break
+                await asyncio.sleep(0.02)
+            seen_during_check.append(bool(env.registry.list_repairs()))
+        await real(lid, registered, report)
+
+    checker.check_ledger = check_ledger  # type: ignore[method-assign]
+    report = asyncio.run(checker.check_all())
+    assert [b for _, b, _ in report.damaged] == [env.victim]
+    assert seen_during_check == [True]
