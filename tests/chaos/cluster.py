@@ -33,6 +33,7 @@ from helpers.procs import free_port, start_process, stop_process, tail
 
 from chaos.faults import CRASH_KINDS, Fault
 from chaos.hosts import CLIENT_HOST, HostBookie, HostEtcdCluster, Hosts, ar_host, bookie_host
+from zbk.errors import EXIT_BOOT
 
 HTTP_TIMEOUT_S = 3.0
 
@@ -55,6 +56,18 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def boot_waited_for_metadata(log: Path) -> bool:
+    """The bookie's last error is a boot that could not reach the metadata store: the exit
+    (EXIT_BOOT) docs/operations.md tells the supervisor to restart, which a run that cuts
+    bookies off etcd, or kills its members, causes on purpose."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return False
+    errors = [ln for ln in lines if " ERROR " in ln or " CRITICAL " in ln]
+    return bool(errors) and "boot failed: MetadataUnavailableError" in errors[-1]
 
 
 def why_exited(log: Path) -> str:
@@ -121,6 +134,7 @@ class Findings:
 
     unexpected_exits: list[str] = field(default_factory=list)
     action_errors: list[str] = field(default_factory=list)
+    metadata_boot_exits: int = 0  # boots that could not reach etcd: restarted, as a supervisor would
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def exit(self, what: str) -> None:
@@ -422,8 +436,12 @@ class ChaosCluster:
             for i, b in enumerate(self.bookies):
                 if i in self.down_bookies or b.proc is None or b.proc.poll() is None:
                     continue
-                self.findings.exit(f"bookie b{i} exited with {b.proc.returncode}: {why_exited(b.log)} ({b.log})")
-                self.log(f"!! bookie b{i} exited with {b.proc.returncode}; restarting it")
+                if b.proc.returncode == EXIT_BOOT and boot_waited_for_metadata(b.log):
+                    self.findings.metadata_boot_exits += 1
+                    self.log(f"   bookie b{i} could not reach etcd to boot (exit {EXIT_BOOT}); restarting it")
+                else:
+                    self.findings.exit(f"bookie b{i} exited with {b.proc.returncode}: {why_exited(b.log)} ({b.log})")
+                    self.log(f"!! bookie b{i} exited with {b.proc.returncode}; restarting it")
                 self.maybe_limbo.add(i)
                 self.paused_bookies.discard(i)
                 b.start(wait=False)

@@ -100,6 +100,7 @@ class ChaosReport:
     violations: list[str] = field(default_factory=list)
     client_errors: list[str] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
+    metadata_boot_exits: int = 0  # bookie boots that could not reach etcd (exit 5): restarted
     log_exceptions: list[str] = field(default_factory=list)  # tracebacks in any process's log
     action_errors: list[str] = field(default_factory=list)
     heal_error: str = ""  # the cluster did not come back whole after the faults
@@ -145,6 +146,8 @@ class ChaosReport:
                  f"{'tailing reads (entries / tails)':<38}{self.tail_entries:>9,}  ({self.tails} tails, "
                  f"{self.tails_to_close} followed to the close)",
                  f"{'client ensemble changes':<38}{self.ensemble_changes:>9}",
+                 *([f"{'bookie boots without etcd (exit 5)':<38}{self.metadata_boot_exits:>9}  (restarted, "
+                    "as a supervisor does)"] if self.metadata_boot_exits else []),
                  *([f"{'power cuts: unsynced bytes dropped':<38}"
                     f"{sum(c.get('unsynced_bytes_lost', 0) for c in self.power_cuts):>9,}  "
                     f"({sum(1 for c in self.power_cuts if c.get('torn'))} of {len(self.power_cuts)} torn)"]
@@ -424,5 +427,6 @@ def _fill_report(report: ChaosReport, cluster: ChaosCluster, workload: Workload 
     report.closed_lacking = _boot_total(boot_logs, "closed_ledgers_lacking")
     report.unclean_repaired = cluster.ar_metric_total(UNCLEAN_REPAIRS)
     report.unexpected_exits = list(findings.unexpected_exits)
+    report.metadata_boot_exits = findings.metadata_boot_exits
     report.log_exceptions = log_exceptions(cluster.root)
     report.action_errors = list(findings.action_errors)

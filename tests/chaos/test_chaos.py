@@ -20,7 +20,7 @@ from helpers.bookie import BookieProcess
 from helpers.procs import stop_process
 
 from chaos import checks
-from chaos.cluster import ChaosCluster, ClusterSettings, Findings
+from chaos.cluster import ChaosCluster, ClusterSettings, Findings, boot_waited_for_metadata
 from chaos.faults import (
     BOOKIE_KINDS,
     CRASH_KINDS,
@@ -253,3 +253,20 @@ def test_a_run_that_is_not_green_leaves_the_stacks_of_its_live_processes(tmp_pat
         assert "<module> (<string>:2)" in (tmp_path / "b0.stacks.txt").read_text()
     finally:
         stop_process(proc)
+
+
+def test_a_boot_without_etcd_is_told_apart_from_other_exits(tmp_path: Path) -> None:
+    """A bookie that cannot reach etcd to boot exits 5 and is restarted, as under a
+    supervisor (docs/operations.md); only that cause, and only as its last error, is not a
+    finding."""
+    log = tmp_path / "b0.log"
+    crash = "2026-11-27 13:00:00,000 ERROR zbk.actors.base: journal crashed: OSError: EIO"
+    boot = ("2026-11-27 13:08:03,036 ERROR zbk.bookie.process: boot failed: MetadataUnavailableError: etcd "
+            "127.77.0.1:2379: create underreplication/repairs/843 failed for 10.0 s (UNAVAILABLE)")
+    log.write_text(f"{crash}\n{boot}\n")
+    assert boot_waited_for_metadata(log)
+    log.write_text(f"{boot}\n{crash}\n")
+    assert not boot_waited_for_metadata(log)
+    log.write_text(boot.replace("MetadataUnavailableError", "CorruptDataError") + "\n")
+    assert not boot_waited_for_metadata(log)
+    assert not boot_waited_for_metadata(tmp_path / "missing.log")

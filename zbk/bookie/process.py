@@ -241,7 +241,7 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
         log.error("%s", e)
         return EXIT_COOKIE
     except Exception as e:  # noqa: BLE001 - any boot failure is one clear line and an exit code
-        log.error("boot failed: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+        log.error("boot failed: %s: %s", type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
         return EXIT_BOOT
     try:
         bookie.start()
