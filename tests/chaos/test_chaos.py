@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.bookie import BookieProcess
@@ -270,3 +272,27 @@ def test_a_boot_without_etcd_is_told_apart_from_other_exits(tmp_path: Path) -> N
     log.write_text(boot.replace("MetadataUnavailableError", "CorruptDataError") + "\n")
     assert not boot_waited_for_metadata(log)
     assert not boot_waited_for_metadata(tmp_path / "missing.log")
+
+
+def test_the_dump_of_a_stuck_workload_shows_where_a_tail_generator_waits() -> None:
+    """A task that steps an async generator (wait_for(agen.__anext__())) shows none of the
+    generator's frames; the dump lists the running tail() generators with theirs."""
+    from chaos import workload
+
+    async def follow() -> Any:
+        await asyncio.sleep(3600)
+        yield 1
+
+    async def main() -> str:
+        agen = follow()
+        step = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        try:
+            return await workload._pending_tasks({"r0/1": agen})
+        finally:
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await step
+
+    text = asyncio.run(main())
+    assert "tail r0/1: " in text and "follow:" in text and "sleep:" in text, text

@@ -128,6 +128,7 @@ class Workload:
         self.ledgers: dict[int, LedgerRecord] = {}
         self.current: dict[str, int] = {}  # writer -> its open ledger
         self._tailing: set[int] = set()  # ledgers a reader follows now (one reader each)
+        self._tails: dict[str, Any] = {}  # view -> its tail() generator, while it runs
         self.violations: list[str] = []  # broken guarantees seen while running
         self.client_errors: list[str] = []  # exceptions outside the ZbkError tree, stuck calls
         self.stats = Stats()
@@ -152,7 +153,7 @@ class Workload:
         self._stop_readers.set()
         if not self._done.wait(timeout_s / 2) and self._loop is not None:
             try:
-                pending = asyncio.run_coroutine_threadsafe(_pending_tasks(), self._loop).result(5)
+                pending = asyncio.run_coroutine_threadsafe(_pending_tasks(self._tails), self._loop).result(5)
             except Exception as e:  # noqa: BLE001 - the loop itself is stuck: say so
                 pending = f"(could not list the pending tasks: {type(e).__name__}: {e})"
             self.client_errors.append(f"workload did not finish within {timeout_s}s: cancelled; "
@@ -378,6 +379,7 @@ class Workload:
         agen: Any = rh.tail(0)
         expected = 0
         view = f"{reader}/{self.stats.tails_started}"
+        self._tails[view] = agen
         try:
             while True:
                 op = self.history.invoke(reader, "tail", ledger=lid, first=expected, view=view)
@@ -405,6 +407,7 @@ class Workload:
             self.stats.tail_errors += 1
             self.log(f"tail of ledger {lid} failed at {expected}: {type(err).__name__}: {err}")
         finally:
+            self._tails.pop(view, None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(agen.aclose(), 5)
 
@@ -414,22 +417,27 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-async def _pending_tasks() -> str:
+def _await_chain(obj: Any) -> str:
+    chain: list[str] = []
+    while obj is not None and len(chain) < 12:
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None)
+    return " -> ".join(chain)
+
+
+async def _pending_tasks(tails: dict[str, Any]) -> str:
     """Every task of the workload loop but this one, with the chain of awaits it is parked
-    in (innermost last): what a workload that does not finish is waiting for."""
+    in (innermost last): what a workload that does not finish is waiting for. A task that
+    steps an async generator shows no frames of it, so the running tail() generators are
+    listed too, with theirs."""
     me = asyncio.current_task()
     lines = []
     for task in asyncio.all_tasks():
-        if task is me:
-            continue
-        chain: list[str] = []
-        obj: Any = task.get_coro()
-        while obj is not None and len(chain) < 12:
-            frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
-            if frame is not None:
-                chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
-            obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None)
-        lines.append(f"  {task.get_name()}: {' -> '.join(chain) or repr(task)}")
+        if task is not me:
+            lines.append(f"  {task.get_name()}: {_await_chain(task.get_coro()) or repr(task)}")
+    lines += [f"  tail {view}: {_await_chain(agen) or '(not running)'}" for view, agen in tails.items()]
     return "\n".join(sorted(lines)) or "  (none)"
 
 
