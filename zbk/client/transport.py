@@ -544,8 +544,12 @@ class ZmqTransport:
         p.waiting[msg.rid] = fut
         try:
             # The send is inside the timeout too: nothing about a dead or hung bookie may
-            # block a caller longer than timeout_s.
-            return await asyncio.wait_for(self._exchange(p, msg, fut, timeout_s), timeout_s)
+            # block a caller longer than timeout_s. asyncio.timeout, not wait_for: in Python
+            # 3.11, wait_for loses a cancellation that arrives in the loop iteration in which
+            # the answer does (python/cpython#86296), and a caller that gave up (a reader's
+            # own timeout around tail()) then never stops.
+            async with asyncio.timeout(timeout_s):
+                return await self._exchange(p, msg, fut, timeout_s)
         except (TimeoutError, ZbkTimeoutError):
             self.failed_at[bookie] = time.monotonic()
             raise BookieUnavailableError(f"bookie {bookie} did not answer within {timeout_s:.1f}s") from None
