@@ -95,9 +95,9 @@ class LedgerChecker:
                 await self.check_ledger(lid, registered, report)
                 # Marked at once, not when the whole check ends: a check of thousands of
                 # ledgers takes minutes, and the replicators can repair meanwhile.
-                for damaged_lid, bookie, what in [d for d in report.damaged if d[0] == lid]:
+                for _, bookie, what in [d for d in report.damaged if d[0] == lid]:
                     if await asyncio.to_thread(self.registry.mark_repair, lid, bookie, "check", what):
-                        log.warning("check: ledger %d on %s: %s; marked for repair", damaged_lid, bookie, what)
+                        log.warning("check: ledger %d on %s: %s; marked for repair", lid, bookie, what)
         await asyncio.gather(*(one(lid) for lid in ids))
         report.seconds = time.monotonic() - t0
         rm.AUDITOR_CHECK_LEDGERS.set(report.ledgers)
