@@ -157,9 +157,11 @@ class Replicator:
         """Clear the under-replication marks that name only registered bookies; returns the
         ledgers handled (cleared, or their mark changed since the listing: a later pass sees
         it again)."""
+        candidates = [m for m in marks if isinstance(m, UnderReplicatedLedger) and m.ledger_id not in self._busy]
+        if not candidates:  # an idle pass reads no registrations
+            return set()
         registered = await self._registered()
-        returned = [m for m in marks if isinstance(m, UnderReplicatedLedger) and m.ledger_id not in self._busy
-                    and set(m.missing_bookies) <= registered]
+        returned = [m for m in candidates if set(m.missing_bookies) <= registered]
         if not returned:
             return set()
         self._busy.update(m.ledger_id for m in returned)
