@@ -42,9 +42,11 @@ from typing import Any
 
 from faults.history import HistoryRecorder
 from faults.recorded import record_error
+from helpers.tasks import await_chain
 
 from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.client.handles import LedgerHandle
+from zbk.client.reading import retrieved
 from zbk.config import ClientConfig
 from zbk.errors import ZbkError
 
@@ -289,7 +291,7 @@ class Workload:
             self._writer_failed(rec, e)
         finally:
             for fut in inflight:  # their outcome reaches _on_ack; nothing is left unretrieved
-                fut.add_done_callback(_retrieve)
+                fut.add_done_callback(retrieved)
 
     async def _settle(self, fut: asyncio.Future[int], rec: LedgerRecord) -> None:
         try:
@@ -412,21 +414,6 @@ class Workload:
                 await asyncio.wait_for(agen.aclose(), 5)
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _await_chain(obj: Any) -> str:
-    chain: list[str] = []
-    while obj is not None and len(chain) < 12:
-        frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
-        if frame is not None:
-            chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
-        obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None)
-    return " -> ".join(chain)
-
-
 async def _pending_tasks(tails: dict[str, Any]) -> str:
     """Every task of the workload loop but this one, with the chain of awaits it is parked
     in (innermost last): what a workload that does not finish is waiting for. A task that
@@ -436,8 +423,8 @@ async def _pending_tasks(tails: dict[str, Any]) -> str:
     lines = []
     for task in asyncio.all_tasks():
         if task is not me:
-            lines.append(f"  {task.get_name()}: {_await_chain(task.get_coro()) or repr(task)}")
-    lines += [f"  tail {view}: {_await_chain(agen) or '(not running)'}" for view, agen in tails.items()]
+            lines.append(f"  {task.get_name()}: {await_chain(task.get_coro(), 12) or repr(task)}")
+    lines += [f"  tail {view}: {await_chain(agen, 12) or '(not running)'}" for view, agen in tails.items()]
     return "\n".join(sorted(lines)) or "  (none)"
 
 

@@ -54,6 +54,7 @@ from helpers.actorsim import (
     phase_one,
     publish_limbo_marks,
 )
+from helpers.tasks import await_chain
 
 from zbk.client.bookkeeper import AsyncBookKeeper, ClientContext
 from zbk.client.dispatch import _request_then
@@ -139,17 +140,7 @@ class _VirtualSelector(selectors.BaseSelector):
 
 def _pending_tasks(loop: asyncio.AbstractEventLoop) -> str:
     """Every unfinished task and where it waits (its await chain), for a stuck run's report."""
-    lines = []
-    for t in asyncio.all_tasks(loop):
-        chain: list[str] = []
-        coro: Any = t.get_coro()
-        while coro is not None:
-            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-            if frame is not None:
-                chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
-            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-        lines.append(f"  {t.get_name()}: {' -> '.join(chain)}")
-    return "\n".join(sorted(lines))
+    return "\n".join(sorted(f"  {t.get_name()}: {await_chain(t.get_coro())}" for t in asyncio.all_tasks(loop)))
 
 
 class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):
