@@ -209,3 +209,25 @@ def test_typed_errors_answer_their_own_status_without_a_traceback(make: Any) -> 
         code, body = http(s, "GET", f"/api/v1/raise/{cls.__name__}")
         assert (code, body) == (cls.http_status, {"error": "it failed", "code": cls.code}), cls
     assert {404, 409, 503} <= {c.http_status for c in _TYPED}  # not everything is a 500
+
+
+def test_a_client_that_hangs_up_before_its_answer_leaves_no_traceback(make: Any,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """A chaos run's bookie printed a BrokenPipeError traceback: the harness's HTTP client
+    gave up (its timeout) before a slow answer was written. A peer that went away is not an
+    error of the server's; a handler's own failure still is reported."""
+    s = make()
+    gate = threading.Event()
+    s.route("GET", "/api/v1/slow", lambda _b: gate.wait(5) and {"blob": "x" * 1_000_000})
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", s.port)) as c:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.sendall(b"GET /api/v1/slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.1)
+        # closed with SO_LINGER 0: a reset, so the server's write of the answer fails
+        gate.set()
+        time.sleep(0.3)
+        gate.clear()
+    assert http(s, "GET", "/api/v1/thing") == (200, {"thing": 1})
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err

@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -147,6 +148,15 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up before its answer was written (its own timeout ran out) is
+        not an error of the server's: no traceback for it. Anything else is printed as
+        socketserver does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("admin HTTP: %s hung up before its answer was written", client_address)
+            return
+        super().handle_error(request, client_address)
 
     def _refuse(self, request: socket.socket) -> None:
         self.refused += 1
