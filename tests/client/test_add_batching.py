@@ -16,8 +16,9 @@ import asyncio
 from typing import Any
 
 from zbk import limits
+from zbk.client.adds import Batch, PendingAdd
 from zbk.client.dispatch import _pack
-from zbk.client.writing import LedgerHandle, _Add, _Batch
+from zbk.client.writing import LedgerHandle
 from zbk.wire import messages as w
 from zbk.wire.entry import peek_entry_header
 from zbk.wire.status import Status
@@ -28,11 +29,11 @@ from .sim import SimCluster, WriteLog, check_persistence
 PW = b"secret"
 
 
-def _adds(n: int, size: int = 10, first: int = 0) -> list[_Add]:
-    return [_Add(first + i, bytes(size), size, None, 0.0) for i in range(n)]  # type: ignore[arg-type]
+def _adds(n: int, size: int = 10, first: int = 0) -> list[PendingAdd]:
+    return [PendingAdd(first + i, bytes(size), size, None, 0.0) for i in range(n)]  # type: ignore[arg-type]
 
 
-def _flatten(batches: list[_Batch]) -> list[tuple[Any, list[int]]]:
+def _flatten(batches: list[Batch]) -> list[tuple[Any, list[int]]]:
     """(handle, entry ids) per part, parts of consecutive messages of one handle merged."""
     out: list[tuple[Any, list[int]]] = []
     for b in batches:
@@ -46,7 +47,7 @@ def _flatten(batches: list[_Batch]) -> list[tuple[Any, list[int]]]:
 
 
 def test_a_batch_within_the_limits_is_one_message() -> None:
-    batch = _Batch()
+    batch = Batch()
     hs = [object() for _ in range(5)]
     for h in hs:
         batch.add(h, _adds(3))  # type: ignore[arg-type]
@@ -58,7 +59,7 @@ def test_pack_splits_at_parts_entries_and_bytes_keeping_each_part_in_order() -> 
     n_max = limits.entries_per_add_request_max
     parts_max = limits.ledgers_per_multi_add_max
     bytes_max = limits.frame_bytes_max_default // 2
-    batch = _Batch()
+    batch = Batch()
     expected: list[tuple[Any, list[int]]] = []
     for _ in range(parts_max + 300):  # more ledgers than one MULTI_ADD carries, 1 entry each
         h = object()
@@ -93,10 +94,10 @@ def test_pack_of_one_entry_parts_cuts_full_messages_in_order() -> None:
     rng = random.Random(7)
     bytes_max = limits.frame_bytes_max_default // 2
     for n_max in (500, limits.entries_per_add_request_max):
-        batch = _Batch()
+        batch = Batch()
         for i in range(2500):
             size = bytes_max // 2 + 1 if i % 397 == 0 else rng.randrange(1, 4000)
-            batch.add_one(object(), _Add(0, bytes(size), size, None, 0.0))  # type: ignore[arg-type]
+            batch.add_one(object(), PendingAdd(0, bytes(size), size, None, 0.0))  # type: ignore[arg-type]
         fast = _pack(batch, n_max)
         assert _flatten(fast) == [(h, [0]) for h in batch.hs]
         cap = min(n_max, limits.ledgers_per_multi_add_max)
@@ -110,7 +111,7 @@ def test_pack_of_one_entry_parts_cuts_full_messages_in_order() -> None:
 
 
 def test_pack_caps_requests_at_the_clients_entry_limit_in_entry_order() -> None:
-    batch = _Batch()
+    batch = Batch()
     one, two = object(), object()
     batch.add(one, _adds(1000))  # type: ignore[arg-type]
     batch.add(two, _adds(30))  # type: ignore[arg-type]

@@ -13,7 +13,8 @@ from helpers.procs import free_port
 from helpers.router import serve_router
 
 from zbk.client.digest import make_digest
-from zbk.client.transport import _ZERO_COPY_BYTES, ZmqTransport, _encoded
+from zbk.client.frames import _ZERO_COPY_BYTES, encoded
+from zbk.client.transport import ZmqTransport
 from zbk.wire import messages as w
 from zbk.wire.codec import encode
 from zbk.wire.entry import build_entry
@@ -37,10 +38,10 @@ def _request(rid: int, n: int) -> w.AddRequest:
 
 
 def test_only_frames_of_the_threshold_or_more_become_shared_frames() -> None:
-    frames = _encoded(_request(1, 200))
+    frames = encoded(_request(1, 200))
     assert [type(f) is zmq.Frame for f in frames] == [len(f) >= _ZERO_COPY_BYTES for f in encode(_request(1, 200))]
     assert type(frames[-1]) is zmq.Frame and len(frames[-1]) > _ZERO_COPY_BYTES  # the packed blobs
-    assert not any(type(f) is zmq.Frame for f in _encoded(_request(2, 3)))
+    assert not any(type(f) is zmq.Frame for f in encoded(_request(2, 3)))
 
 
 def test_a_large_add_sent_to_three_bookies_arrives_intact_at_each() -> None:

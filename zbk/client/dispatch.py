@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 
 from zbk import limits
 from zbk.client import metrics as cm
+from zbk.client.adds import Batch, PendingAdd
 from zbk.client.context import HandleContext, WriteSet
-from zbk.client.writing import LedgerHandle, _Add, _Batch
+from zbk.client.writing import LedgerHandle
 from zbk.errors import (
     ZbkError,
 )
@@ -52,7 +53,7 @@ class AddDispatcher:
         self._rotations: dict[tuple[tuple[str, ...], int], tuple[WriteSet, ...]] = {}
 
     def bit(self, bookie: str) -> int:
-        """The bit of ``bookie`` in _Add.acked and _Add.sent (assigned at first use)."""
+        """The bit of ``bookie`` in PendingAdd.acked and PendingAdd.sent (assigned at first use)."""
         b = self._bits.get(bookie)
         if b is None:
             b = self._bits[bookie] = 1 << len(self._bits)
@@ -97,11 +98,11 @@ class AddDispatcher:
     def _flush(self) -> None:
         self._scheduled = False
         dirty, self._dirty = self._dirty, {}
-        by_bookie: dict[str, _Batch] = {}
-        fresh: dict[int, _Batch] = {}
+        by_bookie: dict[str, Batch[LedgerHandle]] = {}
+        fresh: dict[int, Batch[LedgerHandle]] = {}
         for h in dirty:
             h._collect(by_bookie, fresh)
-        same: list[tuple[_Batch, list[str]]] = []
+        same: list[tuple[Batch[LedgerHandle], list[str]]] = []
         if len(fresh) == 1 and not by_bookie:  # one entry per handle, one write set (WQ == E)
             ((mask, batch),) = fresh.items()
             same.append((batch, self.bookies_of(mask)))
@@ -110,7 +111,7 @@ class AddDispatcher:
                 for bookie in self.bookies_of(mask):
                     mine = by_bookie.get(bookie)
                     if mine is None:
-                        mine = by_bookie[bookie] = _Batch()
+                        mine = by_bookie[bookie] = Batch()
                     mine.extend(batch)
             # Bookies that get the very same adds (every bookie of the write sets when WQ ==
             # E, the common case) share their messages: built and encoded once, sent to each.
@@ -127,7 +128,7 @@ class AddDispatcher:
             for msg in _pack(batch, n_max):
                 self._send(bookies, msg)
 
-    def _send(self, bookies: list[str], batch: _Batch) -> None:
+    def _send(self, bookies: list[str], batch: Batch[LedgerHandle]) -> None:
         """Send ``batch`` to each of ``bookies`` (one message, one rid: rids are per bookie)."""
         t = self.ctx.transport
         rid = t.next_rid()
@@ -160,7 +161,7 @@ class AddDispatcher:
             else:  # a transport with request() only (test fakes): one task per request
                 self.ctx.spawn(_request_then(t, bookie, msg, timeout_s, done))
 
-    def _answered(self, bookie: str, batch: _Batch, resp: Any) -> None:
+    def _answered(self, bookie: str, batch: Batch[LedgerHandle], resp: Any) -> None:
         hs = batch.hs
         if isinstance(resp, BaseException):
             for h, adds in zip(hs, batch.parts(), strict=True):
@@ -203,7 +204,7 @@ class AddDispatcher:
             cm.ADD_ENTRY_SECONDS.observe_many(lat)
 
 
-def _blob_size(a: _Add) -> int:
+def _blob_size(a: PendingAdd) -> int:
     return len(a.blob)
 
 
@@ -216,7 +217,7 @@ async def _request_then(t: Any, bookie: str, msg: Any, timeout_s: float, done: C
     done(resp)
 
 
-def _pack(batch: _Batch, n_max: int = limits.entries_per_add_request_max) -> list[_Batch]:
+def _pack(batch: Batch[LedgerHandle], n_max: int = limits.entries_per_add_request_max) -> list[Batch[LedgerHandle]]:
     """One bookie's batch as messages within the request limits (``n_max`` entries, bytes,
     parts); a part too large for one request is split across messages, in entry order.
 
@@ -231,7 +232,7 @@ def _pack(batch: _Batch, n_max: int = limits.entries_per_add_request_max) -> lis
         return [batch]
     if len(batch.ents) == len(batch.hs):
         return _pack_ones(batch, min(n_max, parts_max), bytes_max)
-    out: list[_Batch] = [_Batch()]
+    out: list[Batch[LedgerHandle]] = [Batch()]
     for h, adds in zip(batch.hs, batch.parts(), strict=True):
         total = sum([len(a.blob) for a in adds])
         chunks = [adds] if len(adds) <= n_max and total <= bytes_max else add_batches(adds, _blob_size, bytes_max, n_max)
@@ -240,20 +241,20 @@ def _pack(batch: _Batch, n_max: int = limits.entries_per_add_request_max) -> lis
             cur = out[-1]
             if cur.hs and (len(cur.ents) + len(chunk) > n_max or cur.nbytes + c_size > bytes_max
                            or len(cur.hs) >= parts_max):
-                cur = _Batch()
+                cur = Batch()
                 out.append(cur)
             cur.add(h, chunk)
     return [m for m in out if m.hs]
 
 
-def _pack_ones(batch: _Batch, n_max: int, bytes_max: int) -> list[_Batch]:
+def _pack_ones(batch: Batch[LedgerHandle], n_max: int, bytes_max: int) -> list[Batch[LedgerHandle]]:
     """_pack of a batch whose parts have one entry each (many ledgers): its entries cut by
     add_batches, each chunk with its handles' slice, no list per part."""
-    out: list[_Batch] = []
+    out: list[Batch[LedgerHandle]] = []
     start = 0
     for chunk in add_batches(batch.ents, _blob_size, bytes_max, n_max):
         end = start + len(chunk)
-        b = _Batch()
+        b: Batch[LedgerHandle] = Batch()
         b.hs, b.ents, b.ends = batch.hs[start:end], chunk, list(range(1, len(chunk) + 1))
         b.nbytes = sum([len(a.blob) for a in chunk])
         out.append(b)

@@ -56,51 +56,22 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from zbk import limits
+from zbk.client.frames import encoded, send_frames
 from zbk.errors import BookieUnavailableError, UnauthorizedError, ZbkError, ZbkTimeoutError
 from zbk.metadata.resolver import BookieResolver
-from zbk.wire.codec import decode_response, encode
+from zbk.wire.codec import decode_response
 from zbk.wire.curve import CurveClient
 from zbk.wire.errors import FrameError
 from zbk.wire.identity import PROPERTY, wrong_bookie
 
 log = logging.getLogger(__name__)
 
-# pyzmq's send_multipart calls the Python-level Socket.send per frame and ORs IntFlag enums
-# each time (~2.3 us a frame); the C-level send with int flags costs ~0.65 us. An add
-# request of 1,000 entries is 1,001 frames, so this is most of the client's send cost.
-_send_frame = zmq.backend.Socket.send
-_MORE = int(zmq.SNDMORE) | int(zmq.DONTWAIT)
-_LAST = int(zmq.DONTWAIT)
 # Plain ints for the per-send look at ZMQ_EVENTS: "&" with the IntFlag zmq.POLLIN goes through
 # the enum machinery (EnumType.__call__, ~2.5 % of the client's samples at 10,000 ledgers).
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
-
-
-# Frames of this size or more are sent without a copy (pyzmq's own threshold for copy=False).
-_ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
-_Frame = zmq.Frame
 _frame_get = zmq.Frame.get
 _BOOKIE_ID = PROPERTY.encode()  # bytes: Frame.get encodes a str on every call
-
-
-def _encoded(msg: Any) -> list[Any]:
-    """``encode(msg)`` with every frame of _ZERO_COPY_BYTES or more wrapped in a zmq.Frame
-    that references the bytes: sent to three bookies, a packed add request's blob frame
-    (hundreds of KiB) is then copied zero times instead of three; the bytes are immutable
-    and the Frame keeps them alive until libzmq has sent every copy (copying would be more
-    than half the CPU of sending such a request). Smaller frames are copied: that is
-    cheaper than a Frame's bookkeeping."""
-    return [_Frame(f) if len(f) >= _ZERO_COPY_BYTES else f for f in encode(msg)]
-
-
-def _send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
-    """send_multipart(frames, DONTWAIT), copying each frame except the zmq.Frame ones
-    (_encoded). Raises zmq.Again before sending anything if the message cannot be queued:
-    ZeroMQ takes a multipart message whole or not at all."""
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        _send_frame(sock, f, _LAST if i == last else _MORE, f.__class__ is not _Frame, False)
 
 
 class Transport(Protocol):
@@ -453,7 +424,7 @@ class ZmqTransport:
             for callback in callbacks:
                 loop.call_soon(callback, BookieUnavailableError("client is closed"))
             return
-        frames = _encoded(msg)
+        frames = encoded(msg)
         rid = msg.rid
         started = time.monotonic()
         for bookie, callback in zip(bookies, callbacks, strict=True):
@@ -483,7 +454,7 @@ class ZmqTransport:
         ensemble change, and every moment spent waiting stalls its ledger."""
         if not p.backlog:
             try:
-                _send_frames(p.raw, frames)
+                send_frames(p.raw, frames)
             except zmq.Again:
                 self._relocate(p)
             except zmq.ZMQError as e:  # the socket was closed under us (client shutting down)
@@ -510,7 +481,7 @@ class ZmqTransport:
                 frames, deadline, done, _ = p.backlog[0]
                 err: BaseException | None = None
                 try:
-                    _send_frames(p.raw, frames)
+                    send_frames(p.raw, frames)
                 except zmq.Again:
                     if p.handshake_error is not None:  # connected, but the bookie refused us
                         err = p.handshake_error
@@ -569,7 +540,7 @@ class ZmqTransport:
             else:
                 sent.set_exception(err)
 
-        self._send_in_order(p, _encoded(msg), timeout_s, done)
+        self._send_in_order(p, encoded(msg), timeout_s, done)
         await sent
         return await fut
 

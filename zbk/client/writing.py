@@ -1,5 +1,6 @@
 """Writing a ledger: LedgerHandle, with ensemble changes (the write path of
-zbk/client/handles.py), and the batches of adds it hands the AddDispatcher.
+zbk/client/handles.py); the batches of adds it hands the AddDispatcher are in
+zbk/client/adds.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from zbk import limits
 from zbk.client import metrics as cm
+from zbk.client.adds import Batch, PendingAdd
 from zbk.client.context import AddScheduler, HandleContext, WriteSet
 from zbk.client.reading import ReadHandle, _fragment_index
 from zbk.errors import (
@@ -34,23 +36,6 @@ from zbk.wire.status import Status
 
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.client.handles")
-
-
-class _Add:
-    """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit), not
-    sets: an entry in flight is one GC-tracked object rather than three, and with 10,000
-    ledgers written at once each full collection of the cyclic GC walks every one."""
-
-    __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
-
-    def __init__(self, entry_id: int, blob: bytes, size: int, future: asyncio.Future[int], started: float) -> None:
-        self.entry_id = entry_id
-        self.blob = blob
-        self.size = size
-        self.future = future
-        self.started = started
-        self.acked = 0  # bookies that acknowledged it (bits)
-        self.sent = 0  # bookies it is in flight to, or acked by (bits)
 
 
 class LedgerHandle(ReadHandle):
@@ -92,11 +77,11 @@ class LedgerHandle(ReadHandle):
         self.next_entry_id = 0 if md.last_entry_id < 0 or md.is_closed else md.last_entry_id + 1
         self.length = 0  # confirmed bytes
         self.pushed_length = 0
-        self.pending: deque[_Add] = deque()
+        self.pending: deque[PendingAdd] = deque()
         self.failed: ZbkError | None = None
         self.closing = False
         self._dispatcher: AddScheduler = ctx.adds
-        self._unsent: list[_Add] = []  # appended since the last _collect
+        self._unsent: list[PendingAdd] = []  # appended since the last _collect
         self._rescan = False  # look at every pending entry at the next _collect (ensemble change)
         self._ws_md: LedgerMetadata | None = None  # _write_set's cache
         self._ws_first = 0
@@ -207,7 +192,7 @@ class LedgerHandle(ReadHandle):
         if self.failed is not None:
             raise self.failed  # nothing would send it: a recovery would wait for it forever
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        a = _Add(eid, blob, size, fut, time.monotonic())
+        a = PendingAdd(eid, blob, size, fut, time.monotonic())
         self.pending.append(a)
         self._unsent.append(a)
         self._dispatcher.wake(self)
@@ -230,7 +215,7 @@ class LedgerHandle(ReadHandle):
             return self._ws_rot[entry_id % len(self._ws_rot)]
         return self._dispatcher.write_set_of(md.write_set(entry_id))
 
-    def _collect(self, out: dict[str, _Batch], fresh: dict[int, _Batch]) -> None:
+    def _collect(self, out: dict[str, Batch[LedgerHandle]], fresh: dict[int, Batch[LedgerHandle]]) -> None:
         """Called by the AddDispatcher once per event-loop turn: add to ``out`` every pending
         entry's bookies of its write set that it has not been sent to, per bookie (a part of
         that bookie's batch). Only new entries are looked at, except after an ensemble change
@@ -257,7 +242,7 @@ class LedgerHandle(ReadHandle):
                 a.sent = mask
                 batch = fresh.get(mask)
                 if batch is None:
-                    batch = fresh[mask] = _Batch()
+                    batch = fresh[mask] = Batch()
                 batch.add_one(self, a)
                 return
             for b, bit in pairs:
@@ -265,11 +250,11 @@ class LedgerHandle(ReadHandle):
                     sent |= bit
                     batch = out.get(b)
                     if batch is None:
-                        batch = out[b] = _Batch()
+                        batch = out[b] = Batch()
                     batch.add_one(self, a)
             a.sent = sent
             return
-        mine: dict[str, list[_Add]] = {}
+        mine: dict[str, list[PendingAdd]] = {}
         for a in adds:
             sent = a.sent
             for b, bit in write_set(a.entry_id)[0]:
@@ -284,7 +269,7 @@ class LedgerHandle(ReadHandle):
         for b, lst in mine.items():
             batch = out.get(b)
             if batch is None:
-                batch = out[b] = _Batch()
+                batch = out[b] = Batch()
             batch.add(self, lst)
 
     def _spawn(self, coro: Any) -> None:
@@ -295,11 +280,11 @@ class LedgerHandle(ReadHandle):
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    def _add_request(self, rid: int, adds: list[_Add]) -> w.AddRequest:
+    def _add_request(self, rid: int, adds: list[PendingAdd]) -> w.AddRequest:
         return w.AddRequest(rid=rid, ledger_id=self.ledger_id, master_key=self.master_key, flags=self._add_flags,
                             entries=[a.blob for a in adds])
 
-    def _add_failed(self, bookie: str, adds: list[_Add], err: BaseException) -> None:
+    def _add_failed(self, bookie: str, adds: list[PendingAdd], err: BaseException) -> None:
         """The request carrying ``adds`` to ``bookie`` got no answer (or the transport refused it)."""
         if isinstance(err, UnauthorizedError):  # CURVE: this client's key is refused
             self._fail(err)
@@ -310,7 +295,7 @@ class LedgerHandle(ReadHandle):
         else:
             self._bookie_failed(bookie, adds, str(err))
 
-    def _add_answered(self, bookie: str, adds: list[_Add], status: Status, now: float | None = None,
+    def _add_answered(self, bookie: str, adds: list[PendingAdd], status: Status, now: float | None = None,
                       latencies: list[float] | None = None) -> None:
         if status == Status.EOK:
             bit = self._dispatcher.bit(bookie)
@@ -387,7 +372,7 @@ class LedgerHandle(ReadHandle):
                 ev = self._drain_event = asyncio.Event()
             await ev.wait()
 
-    def _bookie_failed(self, bookie: str, adds: list[_Add], why: str) -> None:
+    def _bookie_failed(self, bookie: str, adds: list[PendingAdd], why: str) -> None:
         if self.failed is not None or bookie not in self.md.last_ensemble:
             return  # a late answer from a bookie already replaced
         keep = ~self._dispatcher.bit(bookie)
@@ -564,47 +549,3 @@ class LedgerHandle(ReadHandle):
 
 
 _NO_BOOKIES: frozenset[str] = frozenset()
-
-
-class _Batch:
-    """Adds for one bookie: parts of one or more handles, kept flat (handles, each part's end
-    in ``ents``, the entries in a row): a part costs no object of its own while in flight."""
-
-    __slots__ = ("hs", "ends", "ents", "nbytes")
-
-    def __init__(self) -> None:
-        self.hs: list[LedgerHandle] = []
-        self.ends: list[int] = []  # part i is ents[ends[i-1]:ends[i]]
-        self.ents: list[_Add] = []
-        self.nbytes = 0
-
-    def add_one(self, h: LedgerHandle, a: _Add) -> None:
-        ents = self.ents
-        ents.append(a)
-        self.hs.append(h)
-        self.ends.append(len(ents))
-        self.nbytes += len(a.blob)
-
-    def add(self, h: LedgerHandle, adds: list[_Add]) -> None:
-        ents = self.ents
-        ents.extend(adds)
-        self.hs.append(h)
-        self.ends.append(len(ents))
-        self.nbytes += sum([len(a.blob) for a in adds])
-
-    def extend(self, other: _Batch) -> None:
-        """Append ``other``'s parts (of other handles than this batch's)."""
-        base = len(self.ents)
-        self.ents.extend(other.ents)
-        self.hs.extend(other.hs)
-        self.ends.extend([base + end for end in other.ends])
-        self.nbytes += other.nbytes
-
-    def parts(self) -> list[list[_Add]]:
-        out, start = [], 0
-        ents = self.ents
-        for end in self.ends:
-            out.append(ents[start:end])
-            start = end
-        return out
-
