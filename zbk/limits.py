@@ -116,6 +116,11 @@ entry_log_read_guess_bytes = 4096
 # serves through memory.
 entry_log_read_run_bytes_max = 1 << 20
 entry_log_read_run_gap_bytes_max = 16 << 10
+# The EntryLogger serves a range read this much at a time and looks at its pipes between
+# slices, so an add that arrives behind a large read (up to read_response_bytes_max) waits
+# for one slice, not the whole read; an add is on the write path's critical path, a catch-up
+# read is not.
+entry_log_read_slice_bytes = 256 * 1024
 ledger_cache_bytes_max_default = 64 * 1024 * 1024  # index pages held in memory
 # Index file descriptors a bookie keeps open (LRU; BookKeeper's openFileLimit is 20,000): a
 # checkpoint of 10,000 ledgers re-opened 9,000 files each time with 1,024 open. 16,000 fits

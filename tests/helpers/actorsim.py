@@ -109,6 +109,7 @@ T0 = 1000.0  # the actor tests' clock starts here
 PASSWORD = b"gc-sim"
 MK = master_key(PASSWORD)
 DIGEST = make_digest("crc32c", PASSWORD)
+READ_SLICE_PROBABILITY = 0.3  # after a delivery, the EntryLogger serves a slice of a read under way
 COMMIT_PROBABILITY = 0.3  # after a delivery, each journal commits what it holds with this probability (default)
 
 
@@ -464,9 +465,10 @@ class BookieCores:
                                flush_interval_s=settings.flush_interval_s,
                                persist_marks=lambda marks: markers.write_last_marks(xdir, marks, disk=disk),
                                journals=n)
+        self.entrylogger = EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"), journals=n)
         self.cores: dict[str, Core] = {
             "server": self.server, **{j.name: j for j in self.journals}, "index": self.index,
-            "entrylogger": EntryLoggerCore(storage.logs, outbox=PipeOutbox(pipes, "entrylogger"), journals=n)}
+            "entrylogger": self.entrylogger}
         if gc is not None:
             self.cores["gc"] = gc(storage, PipeOutbox(pipes, "gc"))
         self.next_tick = {n: now + c.tick_interval_s for n, c in self.cores.items() if c.tick_interval_s}
@@ -476,8 +478,9 @@ class BookieCores:
         self.alive = True
 
     def busy(self) -> bool:
-        """A message waits in a pipe, or a journal holds records to commit."""
-        return any(j.pending for j in self.journals) or any(self.pipes.values())
+        """A message waits in a pipe, a journal holds records to commit, or the EntryLogger
+        has reads under way."""
+        return any(j.pending for j in self.journals) or any(self.pipes.values()) or bool(self.entrylogger.reads)
 
     # -- ticks ------------------------------------------------------------------------------
     # The Server ticks every 50 ms, and ServerCore.on_tick does two things only: send the
@@ -533,7 +536,8 @@ class BookieCores:
 
     def step(self, now: float) -> None:
         """Deliver the head of one ready pipe (picked by the generator); then each journal
-        may commit (see the module doc)."""
+        may commit (see the module doc), and the EntryLogger may serve a slice of a read (its
+        loop serves one whenever a drain ends)."""
         ready = [key for key, q in self.pipes.items() if q]
         if ready:
             key = self.rng.choice(ready)
@@ -548,6 +552,8 @@ class BookieCores:
         for journal in self.journals:  # each journal's loop ends its drains on its own
             if journal.pending and self.rng.random() < self.commit_probability:
                 journal.commit()
+        if self.entrylogger.reads and (not ready or self.rng.random() < READ_SLICE_PROBABILITY):
+            self.entrylogger.serve_read_slice()
 
     def settle(self, now: float, steps_max: int = 100_000) -> None:
         """Deliver until nothing is left to deliver or commit, at ``now``."""

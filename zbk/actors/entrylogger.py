@@ -2,6 +2,13 @@
 serves reads by location, flushes logs for checkpoints, rotates per-ledger logs on
 WRITE_CLOSE (BP-32), reports usage to the garbage collector.
 
+Reads are served a slice at a time (``limits.entry_log_read_slice_bytes``), round robin among
+the reads under way, and the loop (zbk/actors/loops.py, EntryLoggerLoop) drains its pipes
+between slices: an add waits for at most one slice of a read, however large the reads
+queued before it. Only appends overtake a read under way: any other message is handled once
+every read received before it has been answered, so a DeleteLogs (sent by the IndexSyncer
+behind every read location it handed out) still finds those reads done.
+
 It is also where an add batch's records are handed to the journals: each ledger's to the
 journal of its ledger id (zbk/actors/journals.py), a batch of several journals' ledgers as
 one JournalAppend per journal. A checkpoint asks every journal for its mark and flushes the
@@ -11,10 +18,12 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Generator, Iterator
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zbk import limits
 from zbk.actors.base import Outbox
 from zbk.actors.journals import journal_index, journal_names, journals_touched, split_by_journal
 from zbk.actors.messages import (
@@ -60,6 +69,17 @@ class _Compaction:
     done: bool = False  # the scan reached the end of the log
 
 
+@dataclass(eq=False)
+class _Read:
+    """A range read under way: the blobs of its first ``len(blobs)`` locations are read."""
+
+    msg: ReadLocations
+    ids: Sequence[int]
+    blobs: list[bytes | memoryview] = field(default_factory=list)
+    total: int = 0  # bytes in blobs
+    error: str = ""
+
+
 class EntryLoggerCore:
     name = "entrylogger"
 
@@ -73,13 +93,18 @@ class EntryLoggerCore:
         self.journal_names = journal_names(journals)
         # Checkpoint id -> the marks received so far, by journal index (see on_message, Mark).
         self.marks: dict[int, dict[int, tuple[int, int]]] = {}
+        self.reads: deque[_Read] = deque()  # range reads under way, served a slice at a time
+        self.read_slice_bytes = limits.entry_log_read_slice_bytes
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, AppendBatch):
             self._append(msg)
-        elif isinstance(msg, ReadLocations):
-            self._read(msg)
-        elif isinstance(msg, StartCheckpoint):
+            return
+        if isinstance(msg, ReadLocations):
+            self.reads.append(_Read(msg, msg.ids()))
+            return
+        self.finish_reads()  # see the module docstring: only appends overtake a read
+        if isinstance(msg, StartCheckpoint):
             self.marks[msg.cp_id] = {}
             for name in self.journal_names:
                 self.outbox.send(name, MarkRequest(msg.cp_id))
@@ -140,17 +165,44 @@ class EntryLoggerCore:
                                                                   [eids[i] for i in positions],
                                                                   [blobs[i] for i in positions]))
 
-    def _read(self, msg: ReadLocations) -> None:
-        batch = self.logs.read_entries(msg.ledger_id, msg.ids(), msg.locations, msg.bytes_max)
-        error = ""
+    def serve_read_slice(self) -> None:
+        """Serve one slice of the read at the head of the queue: answer it if that ends it,
+        else move it to the back (round robin: a small read is not held behind a large one)."""
+        r = self.reads.popleft()
+        if self._read_slice(r):
+            msg = r.msg
+            self.outbox.send("server", ReadResult(msg.ctx, msg.ledger_id, r.blobs, msg.ledger_known, r.error))
+        else:
+            self.reads.append(r)
+
+    def finish_reads(self) -> None:
+        while self.reads:
+            self.serve_read_slice()
+
+    def _read_slice(self, r: _Read) -> bool:
+        """Read the next slice of ``r``; True when the read is done. The slices add up to
+        exactly what one read_entries call over all the locations would return: entries in
+        order, up to the request's bytes_max (its first entry always), stopping before the
+        first entry that cannot be served."""
+        msg = r.msg
+        done, budget = len(r.blobs), msg.bytes_max - r.total
+        limit = min(budget, self.read_slice_bytes)
+        batch = self.logs.read_entries(msg.ledger_id, r.ids[done:], msg.locations[done:], limit)
+        blobs = batch.blobs
+        if done and blobs and len(blobs[0]) > budget:
+            return True  # read_entries takes a slice's first entry whatever its size; the request's bytes_max does not
+        r.blobs += blobs
+        r.total += sum(map(len, blobs))
         if batch.error is not None:
             # Never serve bad bytes: stop at the corrupt entry and say so (the error names
             # the file and the offset).
             log.error("entrylogger: read of ledger %d failed: %s", msg.ledger_id, batch.error)
-            error = str(batch.error)
-        elif msg.error and len(batch.blobs) == len(msg.locations):
-            error = msg.error  # every entry before the damaged index slot was sent: then EIO
-        self.outbox.send("server", ReadResult(msg.ctx, msg.ledger_id, batch.blobs, msg.ledger_known, error))
+            r.error = str(batch.error)
+            return True
+        if len(r.blobs) == len(msg.locations):
+            r.error = msg.error  # every entry before the damaged index slot was sent: then EIO
+            return True
+        return limit == budget  # stopped short: by the request's bytes_max, or by the slice
 
     def on_tick(self, now: float) -> None:
         self.logs.maintain(now)

@@ -1,5 +1,5 @@
-"""Loops with behaviour beyond the plain ActorLoop: the Server's ROUTER socket and the
-journal's group commit.
+"""Loops with behaviour beyond the plain ActorLoop: the Server's ROUTER socket, the
+journal's group commit, and the EntryLogger's reads served between drains.
 
 The ROUTER is where the network meets the bookie, so this is where slow and hostile peers
 are contained (docs/reliability.md, "Resources"):
@@ -34,6 +34,7 @@ from prometheus_client import Counter
 
 from zbk import limits
 from zbk.actors.base import ActorLoop
+from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.server import ServerCore
 from zbk.actors.serverpolicy import DiskProbeSchedule, PeerBacklogs
@@ -226,6 +227,21 @@ class JournalLoop(ActorLoop):
             self.core.commit()
         except OSError as e:  # the process is going down anyway; the dirty marker stays
             log.error("journal: final commit failed: %s", e)
+
+
+class EntryLoggerLoop(ActorLoop):
+    """Drains everything ready (an append is done at once, a read only queued), then serves one
+    slice of a read, and polls without waiting while reads are under way
+    (zbk/actors/entrylogger.py)."""
+
+    core: EntryLoggerCore
+
+    def after_batch(self, now: float) -> None:
+        if self.core.reads:
+            self.core.serve_read_slice()
+
+    def poll_timeout_ms(self) -> float:
+        return 0.0 if self.core.reads else 100.0
 
 
 def disk_probe_for(paths: list[str]) -> Callable[[], tuple[int, int]]:

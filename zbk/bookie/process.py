@@ -35,7 +35,7 @@ from zbk.actors.gc import GcCore, GcSettings
 from zbk.actors.indexsyncer import IndexCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.journals import journal_names, journal_of_actor
-from zbk.actors.loops import JournalLoop, ReplySocket, ServerLoop, disk_probe_for
+from zbk.actors.loops import EntryLoggerLoop, JournalLoop, ReplySocket, ServerLoop, disk_probe_for
 from zbk.actors.messages import HeaderUpdate, IndexPut
 from zbk.actors.overrep import OverrepTracker
 from zbk.actors.server import ServerCore
@@ -96,7 +96,7 @@ class Bookie(BookieAdmin):
         self.index_actor.keep_inbound = True  # drained by stop(): see there
         self.loops = [
             *(JournalLoop(core=journal, senders=["server", "entrylogger", "index"], **common) for journal in journals),
-            ActorLoop(core=entrylogger, senders=["server", "index", *jnames, "gc"], **common),
+            EntryLoggerLoop(core=entrylogger, senders=["server", "index", *jnames, "gc"], **common),
             self.index_actor,
             ActorLoop(core=self._make_gc(outbox("gc", ["server", "entrylogger", "index"])),
                       senders=["entrylogger", "index", "admin"], **common),
