@@ -222,7 +222,8 @@ def test_teardown_after_an_exception_inside_the_context(tmp_path: Path) -> None:
 
 
 CHILD = """
-import json, sys, time
+import faulthandler, json, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
 from faults.netns import Network
 net = Network(["a", "b"]).create()
 proc = net.start("a", ["sleep", "600"])
@@ -249,7 +250,12 @@ def test_a_signal_tears_everything_down(tmp_path: Path, sig: signal.Signals) -> 
         info = json.loads(out.read_text())
         assert len([n for n in list_netns() if n.startswith(info["prefix"] + "-")]) == 3
         os.kill(child.pid, sig)
-        code = child.wait(60)
+        try:
+            code = child.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(child.pid, signal.SIGUSR1)  # every thread's stack, into its log
+            time.sleep(1)
+            pytest.fail(f"still running 60 s after signal {sig.name}:\n{tail(tmp_path / 'child.log', 120)}")
     finally:
         stop_process(child, kill=True)
     assert code == -sig, f"exit {code}:\n{tail(tmp_path / 'child.log')}"
