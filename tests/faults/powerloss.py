@@ -28,8 +28,10 @@ operation lands between the kill and the cut. Then it undoes everything volatile
 file with unsynced data is cut to its durable size and its saved blocks are written back,
 then every recorded name is put back to what it durably was. With ``torn``, a random
 (seeded) prefix of the last unsynced write of each file is kept: a write torn by the power
-loss. A write here is one request as the kernel hands it over: a large ``write(2)`` may
-arrive as several, split at page boundaries. The backing directory then holds exactly
+loss, as disks and kernels tear one (``torn_prefix``): at a sector boundary, and past the
+file's durable size only up to a page boundary, since the size on disk grows by the pages
+written back. A write here is one request as the kernel hands it over: a large ``write(2)``
+may arrive as several, split at page boundaries. The backing directory then holds exactly
 what was durable, and the daemon answers every later operation with EIO (the disk is
 gone) until it is unmounted and a new one mounted for the restart. An unmount without a
 cut keeps the live state, as a clean shutdown that synced everything.
@@ -64,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BLOCK_BYTES = 4096
+SECTOR_BYTES = 512  # the unit a disk writes atomically (torn writes keep whole sectors)
 _ZEROS = bytes(BLOCK_BYTES)
 _O_SYNC_ANY = os.O_SYNC | os.O_DSYNC
 
@@ -71,6 +74,25 @@ log = logging.getLogger("powerloss")
 
 
 # --- the volatile state ------------------------------------------------------------------
+
+
+def torn_prefix(offset: int, data: bytes, durable_size: int, rng: random.Random) -> int:
+    """How many bytes of the write of ``data`` at ``offset`` a torn cut keeps, in a file
+    whose durable size is ``durable_size``: a disk writes a sector (SECTOR_BYTES) whole or
+    not at all, so the write is torn at a random sector boundary strictly inside it; and a
+    file's size grows as writeback completes page-cache pages (on ext4 and XFS the size on
+    disk follows the pages written back), so what lies past the durable size shows only up
+    to the last page boundary (BLOCK_BYTES) the kept sectors reach. 0: nothing is kept (the
+    write is lost whole, as when it lies within one sector or one growing page)."""
+    end = offset + len(data)
+    first = (offset // SECTOR_BYTES + 1) * SECTOR_BYTES
+    cuts = range(first, end, SECTOR_BYTES)
+    if not cuts:
+        return 0
+    cut = rng.choice(cuts)
+    if cut > durable_size:
+        cut = max(durable_size, cut // BLOCK_BYTES * BLOCK_BYTES)
+    return max(0, cut - offset)
 
 
 @dataclass
@@ -193,11 +215,12 @@ class VolatileState:
                 os.ftruncate(fd, st.durable_size)
                 for block, old in st.saved.items():
                     os.pwrite(fd, _ZEROS[:old] if isinstance(old, int) else old, block * BLOCK_BYTES)
-                if torn and st.last_write is not None and len(st.last_write[1]) > 1:
-                    offset, data = st.last_write
-                    keep = rng.randrange(1, len(data))
-                    os.pwrite(fd, data[:keep], offset)
-                    torn_kept += keep
+                if torn and st.last_write is not None:
+                    keep = torn_prefix(*st.last_write, st.durable_size, rng)
+                    if keep > 0:
+                        offset, data = st.last_write
+                        os.pwrite(fd, data[:keep], offset)
+                        torn_kept += keep
             finally:
                 os.close(fd)
         names_undone = self._undo_names(backing)

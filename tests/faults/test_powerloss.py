@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import pytest
 
 import zbk
 
-from .powerloss import BLOCK_BYTES
+from .powerloss import BLOCK_BYTES, SECTOR_BYTES, torn_prefix
 from .powerloss_mount import PowerLossMount, is_mounted, require_fuse
 
 
@@ -183,25 +184,49 @@ def test_an_unlink_with_an_fsync_of_its_directory_is_durable(layer):
 
 def test_a_torn_write_keeps_a_prefix_only(layer):
     m = layer.mountpoint
-    _write(m / "f", b"D" * 100, sync=True)
+    _write(m / "f", b"D" * 8192, sync=True)
     _fsync_dir(m)
     _write(m / "f", b"lost entirely", offset=100, create=False)  # not the last write: lost
-    # 3,000 bytes over the durable end and beyond, within one page: the kernel hands a
-    # write that crosses pages to the daemon in pieces, each one write of the layer.
+    # 3,000 bytes inside the durable bytes, within one page: the kernel hands a write that
+    # crosses pages to the daemon in pieces, each one write of the layer.
     new = bytes(range(1, 201)) * 15
-    _write(m / "f", new, offset=50, create=False)
+    _write(m / "f", new, offset=1000, create=False)
     report = _cut(layer, torn=True, seed=7)
     data = (m / "f").read_bytes()
     kept = int(report["torn_bytes_kept"])  # type: ignore[call-overload]
     assert 0 < kept < len(new), report
-    # The durable bytes under the torn write are overwritten by its prefix; past the prefix
-    # the file holds what was durable, and it ends at the larger of the two ends.
-    assert data[:50] == b"D" * 50
-    assert data[50:50 + kept] == new[:kept]
-    assert data[50 + kept:] == b"D" * max(0, 100 - 50 - kept)
-    # The same seed tears at the same byte.
-    _write(m / "f", new, offset=50, create=False)
+    assert (1000 + kept) % SECTOR_BYTES == 0  # a disk writes a sector whole or not at all
+    assert data[:1000] == b"D" * 1000
+    assert data[1000:1000 + kept] == new[:kept]
+    assert data[1000 + kept:] == b"D" * (8192 - 1000 - kept)
+    # The same seed tears at the same sector.
+    _write(m / "f", new, offset=1000, create=False)
     assert _cut(layer, torn=True, seed=7)["torn_bytes_kept"] == kept
+
+
+def test_a_torn_write_that_grew_a_file_grows_it_by_whole_pages_only(layer):
+    """The size on disk follows the page-cache pages written back: a torn write past the
+    durable end within one page leaves the file at its durable size, with the sectors of
+    the write inside the durable bytes kept or not."""
+    m = layer.mountpoint
+    _write(m / "g", b"D" * 100, sync=True)
+    _fsync_dir(m)
+    new = bytes(range(1, 201)) * 15
+    _write(m / "g", new, offset=50, create=False)  # 50 bytes over durable ones, 2,950 past the end
+    _cut(layer, torn=True, seed=3)
+    assert (m / "g").read_bytes() in (b"D" * 100, b"D" * 50 + new[:50])
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_torn_prefixes_end_on_a_sector_and_grow_a_file_by_pages(seed):
+    rng = random.Random(seed)
+    offset, length, durable = rng.randrange(20_000), rng.randrange(1, 20_000), rng.randrange(30_000)
+    keep = torn_prefix(offset, bytes(length), durable, random.Random(seed))
+    end = offset + keep
+    assert 0 <= keep < length
+    if keep:
+        assert end % SECTOR_BYTES == 0 or end == durable  # whole sectors, shown up to the file's size
+        assert end <= durable or end % BLOCK_BYTES == 0  # past the durable size: whole pages only
 
 
 def test_overwrites_of_a_preallocated_file_are_undone_block_by_block(layer):
