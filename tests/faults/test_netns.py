@@ -224,6 +224,10 @@ def test_teardown_after_an_exception_inside_the_context(tmp_path: Path) -> None:
 CHILD = """
 import faulthandler, json, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
+# SIGINT as Python sets it up when it is not ignored: a suite started as a background job of
+# a non-interactive shell passes SIGINT ignored to its children, and a Network keeps an
+# ignored signal ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from faults.netns import Network
 net = Network(["a", "b"]).create()
 proc = net.start("a", ["sleep", "600"])
