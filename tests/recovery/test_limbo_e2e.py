@@ -39,6 +39,13 @@ def data(lid: int, i: int) -> bytes:
     return hashlib.sha256(f"{lid}/{i}".encode()).digest() * 8
 
 
+def nothing_in_flight(bk: zbk.BookKeeper, bookie: str) -> bool:
+    """The client has no request to ``bookie`` waiting for its answer (its transport's state,
+    read from the test's thread: a snapshot is enough for a wait)."""
+    peer = bk._abk.ctx.transport.peers.get(bookie)  # type: ignore[union-attr]
+    return peer is None or not (peer.calls or peer.waiting or peer.backlog)
+
+
 def info(bookie: str) -> w.BookieInfoResponse:
     with BookieConnection(bookie, timeout_s=5) as c:
         resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
@@ -58,6 +65,12 @@ def test_journal_off_kill9_limbo_is_repaired_by_autorecovery(rcluster) -> None:
             futs = [lh.append_async(data(lh.ledger_id, i)) for i in range(ENTRIES)]
             acked[lh.ledger_id] = max(f.result(30) for f in futs)
         victim = bookies[1]
+        # An entry is acknowledged by AQ = 2 bookies; the third's answer may still be on its
+        # way, and a kill then fails that add to it, so the writer changes its ensemble (and,
+        # with no spare bookie, fails with NotEnoughBookiesError) before it ever meets the
+        # fence below. The kill comes once the victim has answered everything.
+        wait_until(lambda: nothing_in_flight(bk, victim.bookie_id), timeout_s=30, interval_s=0.05,
+                   message="the victim to answer every add")
         victim.kill9()
         victim.start()
 
