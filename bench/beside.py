@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procs import ZbkCluster, loadavg, median_range  # noqa: E402
-from scale import worker  # noqa: E402
+from scale import settings, worker  # noqa: E402
 
 SCALE = str(Path(__file__).resolve().parent / "scale.py")
 
@@ -50,7 +50,7 @@ def main() -> int:
     ap.add_argument("--profile", metavar="FILE", help="run the bookie under py-spy (--gil), raw profile here")
     a = ap.parse_args()
     runs: list[dict[str, Any]] = []
-    with ZbkCluster(1, settings=dict(kv.split("=", 1) for kv in a.set), profile=a.profile) as zc:
+    with ZbkCluster(1, settings=settings(a), profile=a.profile) as zc:
         b = zc.bookies[0]
         fill = worker("raw-add", 600, bookie=b.bookie_id, first_lid=1, ledgers=1, batch=500, window=8, size=1024,
                       requests=a.entries // 500, start_eid=0)
