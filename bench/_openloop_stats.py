@@ -16,6 +16,7 @@ from the moment it was actually sent.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,22 +152,56 @@ def judge(offered: int, completed_in_time: int, p99_ms: float, *,
 
 
 def run_ladder(systems: Sequence[str], rates: Iterable[int],
-               measure: Callable[[str, int], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+               measure: Callable[[str, int], dict[str, Any]], rounds: int = 1) -> dict[str, list[dict[str, Any]]]:
     """Climb the rates with every system, in alternation at each rate (the order flipped
-    from one rate to the next, so that neither system always runs first). A system's
-    ladder stops at the first rate it does not hold (``measure`` returns a dict with
-    ``holds``); the others go on. Returns each system's runs in rate order."""
+    from one run to the next, so that neither system always runs first). With ``rounds``
+    > 1 each system runs each rate that many times, interleaved with the others, and the
+    rate's result is :func:`combine_rounds` of them. A system's ladder stops at the first
+    rate it does not hold (``measure`` returns a dict with ``holds``); the others go on.
+    Returns each system's results in rate order."""
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     climbing = list(systems)
-    for step, rate in enumerate(rates):
+    flip = 0
+    for rate in rates:
         if not climbing:
             break
-        order = climbing if step % 2 == 0 else climbing[::-1]
-        for s in order:
-            r = measure(s, rate)
-            runs[s].append(r)
+        got: dict[str, list[dict[str, Any]]] = {s: [] for s in climbing}
+        for _ in range(rounds):
+            for s in (climbing if flip % 2 == 0 else climbing[::-1]):
+                got[s].append(measure(s, rate))
+            flip += 1
+        for s in climbing:
+            runs[s].append(got[s][0] if rounds == 1 else combine_rounds(got[s]))
         climbing = [s for s in climbing if runs[s][-1]["holds"]]
     return runs
+
+
+# The figures of a rate run several times that are reported as the median of its rounds.
+ROUND_MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "max_ms", "achieved_per_s", "server_cpu_us_per_entry",
+                 "client_cpu_us_per_entry", "send_lag_p99_ms", "naive_p99_ms", "other_cores")
+
+
+def combine_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One rate's rounds as one result. On a shared machine a single stall (another job, the
+    hypervisor) can fail one round of a rate a system holds, or pass one it does not, so
+    the rate holds when more than half of the rounds held, and each figure is the median of
+    the rounds' (each percentile on its own: the median p99 and the median p99.9 may come
+    from different rounds). The rounds themselves are kept under ``rounds``; a round that
+    broke (``error``) counts as not holding and has no figures."""
+    assert runs, "no rounds"
+    ok = [r for r in runs if "error" not in r]
+    held = sum(1 for r in runs if r["holds"])
+    out: dict[str, Any] = {"system": runs[0].get("system"), "rate": runs[0]["rate"], "rounds": list(runs)}
+    if not ok:
+        return {**out, "holds": False, "why": "every round failed", "error": runs[-1].get("error", "")}
+    for key in ROUND_MEDIANS:
+        vals = sorted(r[key] for r in ok if r.get(key) is not None)
+        out[key] = statistics.median(vals) if vals else None
+    holds = 2 * held > len(runs)
+    whys = [r["why"] for r in runs if not r["holds"] and r.get("why")]
+    why = "" if holds else f"held {held} of {len(runs)} rounds" + (f" (first miss: {whys[0]})" if whys else "")
+    out.update(holds=holds, why=why, held_rounds=held, p99_ms_rounds=[r.get("p99_ms") for r in runs])
+    return out
 
 
 def highest_held(runs: Sequence[dict[str, Any]]) -> int | None:

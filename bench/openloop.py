@@ -13,7 +13,10 @@ always``) on 127.0.0.1, as bench/peers.py does, and runs these phases (``--phase
   there; the other goes on). A system holds a rate when it completes >= 99 % of the
   appends offered in the measured time (confirmed at most 20 ms after its end) and its p99
   is <= 20 ms. At each rate: p50, p99, p99.9, max (HdrHistogram), the rate achieved, the
-  servers' and the client's CPU per entry.
+  servers' and the client's CPU per entry. With ``--ladder-rounds N`` each system runs each
+  rate N times, interleaved with the other system's runs: the rate holds when more than
+  half of its rounds hold, and every figure is the median of the rounds' (one stall of a
+  shared machine then neither fails a rate nor passes one).
 * ``e2e``: at 50 % of NATS's highest held rate (or ``--e2e-rate``), from the intended send
   time to receipt by a tailing reader in another process: zbk's ``tail()`` on the open
   ledger (the writer with explicit LAC on, ``--explicit-lac-ms``), NATS's ordered push
@@ -293,7 +296,9 @@ def row(r: dict[str, Any]) -> str:
     return (f"{r['rate']:>8,} {r['achieved_per_s']:>9,.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['p999_ms']:>7.2f} {r['max_ms']:>8.2f} {fmt_opt(r['server_cpu_us_per_entry']):>7} "
             f"{fmt_opt(r['client_cpu_us_per_entry']):>7} {r['send_lag_p99_ms']:>6.2f} {r['naive_p99_ms']:>7.2f} "
-            f"{r['other_cores']:>5.2f}  {'yes' if r['holds'] else 'NO: ' + r['why']}")
+            f"{r['other_cores']:>5.2f}  {'yes' if r['holds'] else 'NO: ' + r['why']}"
+            + (f"  (p99 of the rounds: {', '.join(fmt_opt(x, '.2f') for x in r['p99_ms_rounds'])})"
+               if "p99_ms_rounds" in r else ""))
 
 
 HEADER = (f"{'rate/s':>8} {'got/s':>9} {'p50':>7} {'p99':>7} {'p99.9':>7} {'max':>8} {'srv us':>7} "
@@ -422,6 +427,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--size", type=int, default=1024, help="entry bytes (>= 16)")
     ap.add_argument("--max-rate", type=int, default=500_000, help="the ladder's highest rate")
     ap.add_argument("--rates", help="the ladder's rates instead (comma-separated, still stopping at a failure)")
+    ap.add_argument("--ladder-rounds", type=int, default=1,
+                    help="runs of each system at each ladder rate, interleaved; a rate holds when most of them "
+                         "hold, and its figures are the medians of the rounds")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems of the ladder and e2e phases")
     ap.add_argument("--profile", metavar="PREFIX", help="profile bookie-0 (PREFIX-bookie0-RATE-TIME.txt) and the "
                     "writer (PREFIX-client-RATE-TIME.txt) of every zbk run with py-spy; raw profiles for "
@@ -461,6 +469,8 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.size < 16:
         ap.error("--size must be at least 16 (the intended send time and the index ride in each entry)")
+    if args.ladder_rounds < 1:
+        ap.error("--ladder-rounds must be at least 1")
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
@@ -510,7 +520,7 @@ def main() -> int:
         if "ladder" in phases:
             print("== ladder ==", flush=True)
             rates = [int(r) for r in args.rates.split(",")] if args.rates else ladder_rates(args.max_rate)
-            runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats))
+            runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats), args.ladder_rounds)
             runs = {s: runs.get(s, []) for s in SYSTEMS}
             report["ladder"] = {**runs, "rates": rates,
                                 "highest_held": {s: highest_held(runs[s]) for s in SYSTEMS},

@@ -16,6 +16,7 @@ from _openloop_stats import (  # noqa: E402
     FAILED,
     NOT_DONE,
     NS_PER_S,
+    combine_rounds,
     due_count,
     highest_held,
     intended_ns,
@@ -185,6 +186,54 @@ def test_ladder_that_never_fails_ends_at_the_last_rate_and_one_that_never_holds(
     assert [r["rate"] for r in runs["a"]] == [1_000, 2_000]
     assert [r["rate"] for r in runs["b"]] == [1_000]
     assert highest_held(runs["b"]) is None
+
+
+def _run(rate: int, p99: float, *, holds: bool | None = None, **more: Any) -> dict[str, Any]:
+    held = p99 <= 20.0 if holds is None else holds
+    return {"system": "a", "rate": rate, "p50_ms": p99 / 4, "p99_ms": p99, "p999_ms": 2 * p99, "max_ms": 3 * p99,
+            "achieved_per_s": rate, "server_cpu_us_per_entry": 10.0, "client_cpu_us_per_entry": None,
+            "send_lag_p99_ms": 0.1, "naive_p99_ms": p99, "other_cores": 0.0, "holds": held,
+            "why": "" if held else f"p99 {p99} ms > 20 ms", **more}
+
+
+def test_rounds_hold_by_majority_with_median_figures() -> None:
+    c = combine_rounds([_run(1_000, 6.0), _run(1_000, 161.0), _run(1_000, 7.0)])
+    assert c["holds"] and c["held_rounds"] == 2
+    assert c["p99_ms"] == 7.0 and c["p999_ms"] == 14.0 and c["p50_ms"] == 1.75
+    assert c["client_cpu_us_per_entry"] is None  # no round has it
+    assert c["p99_ms_rounds"] == [6.0, 161.0, 7.0] and len(c["rounds"]) == 3
+    # Each percentile is its own median, not the figures of one round.
+    c = combine_rounds([_run(1_000, 5.0, p999_ms=30.0), _run(1_000, 6.0, p999_ms=8.0), _run(1_000, 7.0, p999_ms=9.0)])
+    assert (c["p99_ms"], c["p999_ms"]) == (6.0, 9.0)
+
+
+def test_rounds_half_held_is_not_held_and_a_broken_round_counts_as_a_miss() -> None:
+    c = combine_rounds([_run(2_000, 6.0), _run(2_000, 30.0)])
+    assert not c["holds"] and c["why"].startswith("held 1 of 2 rounds") and "p99 30.0" in c["why"]
+    assert c["p99_ms"] == 18.0  # the median of two
+    broken = {"system": "a", "rate": 2_000, "holds": False, "why": "run failed", "error": "worker died"}
+    c = combine_rounds([_run(2_000, 6.0), broken, _run(2_000, 7.0)])
+    assert c["holds"] and c["p99_ms"] == 6.5  # the broken round has no figures
+    c = combine_rounds([_run(2_000, 6.0), broken, dict(broken)])
+    assert not c["holds"]
+    c = combine_rounds([broken, dict(broken)])
+    assert not c["holds"] and c["why"] == "every round failed" and c["error"] == "worker died"
+
+
+def test_ladder_rounds_interleave_the_systems_and_combine_each_rate() -> None:
+    calls: list[tuple[str, int]] = []
+    p99s = {("a", 1_000): [6.0, 40.0, 7.0], ("b", 1_000): [30.0, 8.0, 50.0], ("a", 2_000): [9.0, 9.0, 9.0]}
+
+    def measure(system: str, rate: int) -> dict[str, Any]:
+        calls.append((system, rate))
+        return _run(rate, p99s[(system, rate)][sum(1 for c in calls if c == (system, rate)) - 1], system=system)
+
+    runs = run_ladder(["a", "b"], [1_000, 2_000], measure, rounds=3)
+    assert calls == [("a", 1_000), ("b", 1_000), ("b", 1_000), ("a", 1_000), ("a", 1_000), ("b", 1_000),
+                     ("a", 2_000), ("a", 2_000), ("a", 2_000)]
+    assert [r["holds"] for r in runs["a"]] == [True, True] and [r["p99_ms"] for r in runs["a"]] == [7.0, 9.0]
+    assert [r["holds"] for r in runs["b"]] == [False] and runs["b"][0]["p99_ms"] == 30.0
+    assert highest_held(runs["a"]) == 2_000 and highest_held(runs["b"]) is None
 
 
 # -- HdrHistogram -------------------------------------------------------------------------------
