@@ -75,6 +75,28 @@ def test_a_run_reads_consecutive_records_with_one_pread(tmp_path, rng, monkeypat
     w.close()
 
 
+def test_a_run_reads_no_further_than_the_bytes_wanted(tmp_path, rng, monkeypatch):
+    """A read served in 256 KiB slices must not pread a whole 1 MiB run per slice and throw
+    three quarters of it away."""
+    d = str(tmp_path)
+    w = EntryLogWriter([d], 64 * MiB, 4096)
+    entries = _append(w, 1, range(2000), 1024, rng)
+    w.flush()
+    preads = []
+    real = os.pread
+    monkeypatch.setattr(entrylog.os, "pread", lambda fd, n, off: preads.append(n) or real(fd, n, off))
+    ids = list(range(2000))
+    locations = [entries[e][0] for e in ids]
+    for bytes_max in (256 << 10, 100_000, 5_000, 1):
+        preads.clear()
+        batch = w.read_entries(1, ids, locations, bytes_max)
+        assert [bytes(b) for b in batch.blobs] == [entries[e][1] for e in range(max(1, bytes_max // 1024))]
+        assert len(preads) == 1 and preads[0] <= bytes_max + bytes_max // 8 + 2 * 4096, (bytes_max, preads)
+        assert all(isinstance(b, memoryview) for b in batch.blobs[:2]) or bytes_max < 4096  # views, not copies
+        _check_same(w, 1, ids, locations, bytes_max)
+    w.close()
+
+
 def test_a_damaged_record_inside_a_run_is_an_error_for_that_entry_only(tmp_path, rng):
     d = str(tmp_path)
     w = EntryLogWriter([d], 64 * MiB, 4096)

@@ -108,8 +108,8 @@ class EntryLogReads:
         length_min, length_max = _LENGTH_MIN, _LENGTH_MAX
         error: CorruptDataError | OSError | None = None
         full = False
-        while i < n and error is None and not full:
-            j, run, base = self._read_run(locations, i)
+        while i < n and error is None and not full and total <= bytes_max:  # over it: a first entry larger than bytes_max, nothing more fits
+            j, run, base = self._read_run(locations, i, bytes_max - total)
             size = len(run)
             mv = memoryview(run)
             run_first, run_start_total = len(blobs), total
@@ -142,8 +142,12 @@ class EntryLogReads:
             i = j
         return ReadBatch(blobs, error)
 
-    def _read_run(self, locations: Sequence[int], i: int) -> tuple[int, bytes, int]:
+    def _read_run(self, locations: Sequence[int], i: int, budget: int) -> tuple[int, bytes, int]:
         """One read covering ``locations[i:j]``: returns ``j``, the bytes and their log offset.
+
+        The run reaches no further than the blobs still wanted (``budget`` bytes, plus an
+        eighth for the record headers) could: a read served in slices reads each slice's
+        records, not a whole ``limits.entry_log_read_run_bytes_max`` of which a slice uses a quarter.
 
         The run's locations lie in one log between ``locations[i]`` and ``locations[j - 1]``
         (:func:`_run_end`), so every record of the run starts inside the bytes; they are on
@@ -168,7 +172,8 @@ class EntryLogReads:
         limit = end if lg is None or in_buffer else min(end, lg.written)
         # As locations: [low, high] is where the run's records may start.
         low, high = make_location(log_id, floor), make_location(log_id, limit - RECORD_HEADER_BYTES)
-        j = _run_end(locations, i, max(low, loc), min(high, loc + limits.entry_log_read_run_bytes_max))
+        span = min(limits.entry_log_read_run_bytes_max, budget + budget // 8)
+        j = _run_end(locations, i, max(low, loc), min(high, loc + span))
         first, last = loc, locations[j - 1]
         base = first & OFFSET_MASK
         want = min((last & OFFSET_MASK) - base + limits.entry_log_read_guess_bytes, limit - base)
