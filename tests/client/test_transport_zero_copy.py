@@ -13,11 +13,11 @@ from helpers.procs import free_port
 from helpers.router import serve_router
 
 from zbk.client.digest import make_digest
-from zbk.client.frames import _ZERO_COPY_BYTES, encoded
 from zbk.client.transport import ZmqTransport
 from zbk.wire import messages as w
 from zbk.wire.codec import encode
 from zbk.wire.entry import build_entry
+from zbk.wire.frames import _ZERO_COPY_BYTES, encoded
 from zbk.wire.status import Status
 
 

@@ -56,12 +56,12 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from zbk import limits
-from zbk.client.frames import encoded, send_frames
 from zbk.errors import BookieUnavailableError, UnauthorizedError, ZbkError, ZbkTimeoutError
 from zbk.metadata.resolver import BookieResolver
 from zbk.wire.codec import decode_response
 from zbk.wire.curve import CurveClient
 from zbk.wire.errors import FrameError
+from zbk.wire.frames import encoded, send_frames
 from zbk.wire.identity import PROPERTY, wrong_bookie
 
 log = logging.getLogger(__name__)
