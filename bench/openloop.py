@@ -24,7 +24,8 @@ always``) on 127.0.0.1, as bench/peers.py does, and runs these phases (``--phase
 * ``rw`` (zbk only): ``--prefill`` entries written into closed ledgers, then writers at 50 %
   of zbk's highest held rate (or ``--rw-rate``) alone and beside ``--readers`` catch-up
   readers reading those ledgers from their start at full speed: the writers' p99 with and
-  without readers, the readers' entries/s, the bookies' storage reads. So that the readers
+  without readers, the readers' entries/s, the bookies' storage reads, in ``--rw-rounds``
+  rounds (3), the target judged on the medians of the rounds' p99s. So that the readers
   read from the disk, not from the page cache, the bench drops the bookies' entry-log pages
   from the cache every ``--cold-every`` seconds during these runs (posix_fadvise DONTNEED
   on those files only; the bookies' storage-read MB/s shows what came from the disk).
@@ -52,6 +53,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -281,12 +283,18 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         out["e2e p99: zbk <= NATS"] = {"met": z <= n, "zbk_ms": z, "nats_ms": n}
     rw = report.get("rw")
     if rw:
-        for i, rnd in enumerate(rw["rounds"]):
-            if "error" in rnd["alone"] or "error" in rnd["readers"]:
-                continue
-            a, b = rnd["alone"]["p99_ms"], rnd["readers"]["p99_ms"]
-            out[f"rw round {i + 1}: writers' p99 with readers <= 2 x without"] = {
-                "met": b <= 2 * a, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None}
+        good = [rnd for rnd in rw["rounds"] if "error" not in rnd["alone"] and "error" not in rnd["readers"]]
+        if good:
+            # Medians of three rounds or more: one stall in a run alone (a p99 of 145 ms for a
+            # writer whose p99 is 3 ms) would otherwise pass the target. Fewer rounds: every
+            # one of them must meet it.
+            pairs = [(rnd["alone"]["p99_ms"], rnd["readers"]["p99_ms"]) for rnd in good]
+            a = statistics.median(x for x, _ in pairs)
+            b = statistics.median(y for _, y in pairs)
+            met = b <= 2 * a if len(pairs) >= 3 else all(y <= 2 * x for x, y in pairs)
+            out["rw: writers' p99 with readers <= 2 x without (medians of the rounds)"] = {
+                "met": met, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None,
+                "rounds (alone, readers)": pairs}
     return out
 
 
@@ -442,7 +450,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--readers", type=int, default=2, help="catch-up readers of the rw phase")
     ap.add_argument("--prefill", type=int, default=200_000, help="old entries the catch-up readers read")
     ap.add_argument("--prefill-ledgers", type=int, default=4)
-    ap.add_argument("--rw-rounds", type=int, default=1)
+    ap.add_argument("--rw-rounds", type=int, default=3,
+                    help="rounds of the rw phase (the writer alone, then beside the readers); the target is judged "
+                         "on the medians of three or more, on every round below that")
     ap.add_argument("--cold-every", type=float, default=1.0,
                     help="seconds between drops of the bookies' entry-log pages from the page cache in the rw "
                          "runs, so that the readers read from the disk (0: never)")
@@ -488,6 +498,7 @@ def main() -> int:
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
+        saved["targets"] = targets(saved)  # judged by this version of the bench
         print_report(saved)
         if args.plot and saved.get("ladder"):
             plot(saved, args.plot)
