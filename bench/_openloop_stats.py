@@ -204,6 +204,27 @@ def combine_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+
+E2E_MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "max_ms", "reader_cpu_us_per_entry")
+
+
+def combine_e2e_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`combine_rounds` of end-to-end runs, with the reader's figures (``e2e``) as
+    medians of the rounds too and its entries received and expected summed over them. A
+    round whose reader reported nothing leaves the e2e figures to the others."""
+    out = combine_rounds(runs)
+    with_e2e = [r["e2e"] for r in runs if "error" not in r and r.get("e2e")]
+    if with_e2e:
+        e: dict[str, Any] = {}
+        for key in E2E_MEDIANS:
+            vals = sorted(x[key] for x in with_e2e if x.get(key) is not None)
+            e[key] = statistics.median(vals) if vals else None
+        e["received"] = sum(x.get("received", 0) for x in with_e2e)
+        e["expected"] = sum(x.get("expected", 0) for x in with_e2e)
+        e["p99_ms_rounds"] = [x.get("p99_ms") for x in with_e2e]
+        out["e2e"] = e
+    return out
+
 def highest_held(runs: Sequence[dict[str, Any]]) -> int | None:
     """The highest offered rate of a ladder that held (None if none did)."""
     held = [r["rate"] for r in runs if r["holds"]]

@@ -20,7 +20,7 @@ always``) on 127.0.0.1, as bench/peers.py does, and runs these phases (``--phase
 * ``e2e``: at 50 % of NATS's highest held rate (or ``--e2e-rate``), from the intended send
   time to receipt by a tailing reader in another process: zbk's ``tail()`` on the open
   ledger (the writer with explicit LAC on, ``--explicit-lac-ms``), NATS's ordered push
-  consumer.
+  consumer; ``--e2e-rounds`` (3) runs of each, interleaved, figures the medians of the rounds.
 * ``rw`` (zbk only): ``--prefill`` entries written into closed ledgers, then writers at 50 %
   of zbk's highest held rate (or ``--rw-rate``) alone and beside ``--readers`` catch-up
   readers reading those ledgers from their start at full speed: the writers' p99 with and
@@ -67,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _openloop_stats import (  # noqa: E402
     HOLD_COMPLETED_FRACTION,
     HOLD_P99_MS,
+    combine_e2e_rounds,
     highest_held,
     judge,
     ladder_rates,
@@ -346,7 +347,9 @@ def print_report(report: dict[str, Any]) -> None:
             e = r["e2e"]
             print(f"{s:>8} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {e['p50_ms']:>8.2f} {e['p99_ms']:>8.2f} "
                   f"{e['p999_ms']:>8.2f} {e['max_ms']:>8.2f} {e['received']:>6}/{e['expected']:<6} "
-                  f"{fmt_opt(e.get('reader_cpu_us_per_entry')):>9}")
+                  f"{fmt_opt(e.get('reader_cpu_us_per_entry')):>9}"
+                  + (f"  (e2e p99 of the rounds: {', '.join(fmt_opt(x, '.2f') for x in e['p99_ms_rounds'])})"
+                     if "p99_ms_rounds" in e else ""))
     rw = report.get("rw")
     if rw:
         print(f"\n== reads beside writes (zbk) at {rw['rate']:,}/s ({rw['rate_from']}), {rw['readers']} catch-up readers "
@@ -444,6 +447,8 @@ def parse_args() -> argparse.Namespace:
                     "bench/profile_top.py")
     ap.add_argument("--gen-max-rate", type=int, default=200_000, help="the generator phase's highest rate")
     ap.add_argument("--e2e-rate", type=int, help="rate of the e2e phase (default: half NATS's highest held rate)")
+    ap.add_argument("--e2e-rounds", type=int, default=3,
+                    help="runs of each system in the e2e phase, interleaved; its figures are the medians of the rounds")
     ap.add_argument("--explicit-lac-ms", type=int, default=10,
                     help="the zbk writers' explicit_lac_interval_ms (0: off); a busy writer sends none")
     ap.add_argument("--rw-rate", type=int, help="writers' rate of the rw phase (default: half zbk's highest held rate)")
@@ -479,8 +484,8 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.size < 16:
         ap.error("--size must be at least 16 (the intended send time and the index ride in each entry)")
-    if args.ladder_rounds < 1:
-        ap.error("--ladder-rounds must be at least 1")
+    if min(args.ladder_rounds, args.e2e_rounds, args.rw_rounds) < 1:
+        ap.error("--ladder-rounds, --e2e-rounds and --rw-rounds must be at least 1")
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
@@ -545,7 +550,11 @@ def main() -> int:
                 print("e2e: skipped (no NATS ladder result and no --e2e-rate)", flush=True)
             else:
                 print(f"== end to end at {rate:,}/s ==", flush=True)
-                e2e_runs = {s: measure(s, rate, args, zbk, nats, e2e=True) for s in systems}
+                got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+                for k in range(args.e2e_rounds):  # interleaved, the order flipped each round
+                    for s in (systems if k % 2 == 0 else systems[::-1]):
+                        got[s].append(measure(s, rate, args, zbk, nats, e2e=True))
+                e2e_runs = {s: got[s][0] if args.e2e_rounds == 1 else combine_e2e_rounds(got[s]) for s in systems}
                 report["e2e"] = {"rate": rate, "rate_from": source, "runs": e2e_runs}
         if "rw" in phases:
             assert zbk is not None

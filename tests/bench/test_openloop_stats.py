@@ -16,6 +16,7 @@ from _openloop_stats import (  # noqa: E402
     FAILED,
     NOT_DONE,
     NS_PER_S,
+    combine_e2e_rounds,
     combine_rounds,
     due_count,
     highest_held,
@@ -218,6 +219,21 @@ def test_rounds_half_held_is_not_held_and_a_broken_round_counts_as_a_miss() -> N
     assert not c["holds"]
     c = combine_rounds([broken, dict(broken)])
     assert not c["holds"] and c["why"] == "every round failed" and c["error"] == "worker died"
+
+
+def test_e2e_rounds_take_the_readers_medians_and_sum_what_they_received() -> None:
+    def e2e(p99: float, received: int) -> dict[str, Any]:
+        return {"p50_ms": p99 / 3, "p99_ms": p99, "p999_ms": 2 * p99, "max_ms": 3 * p99,
+                "reader_cpu_us_per_entry": 250.0, "received": received, "expected": 5_000}
+
+    broken = {"system": "a", "rate": 500, "holds": False, "why": "run failed", "error": "reader died"}
+    c = combine_e2e_rounds([_run(500, 4.0, e2e=e2e(9.0, 5_000)), broken, _run(500, 5.0, e2e=e2e(36.0, 4_990)),
+                            _run(500, 4.5, e2e=e2e(11.0, 5_000))])
+    assert c["holds"] and c["p99_ms"] == 4.5  # 3 of 4 rounds held; the broken one has no figures
+    assert c["e2e"]["p99_ms"] == 11.0 and c["e2e"]["p50_ms"] == 11.0 / 3 and c["e2e"]["max_ms"] == 33.0
+    assert (c["e2e"]["received"], c["e2e"]["expected"]) == (14_990, 15_000)
+    assert c["e2e"]["p99_ms_rounds"] == [9.0, 36.0, 11.0]
+    assert "e2e" not in combine_e2e_rounds([broken, dict(broken)])
 
 
 def test_ladder_rounds_interleave_the_systems_and_combine_each_rate() -> None:
