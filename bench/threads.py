@@ -1,12 +1,14 @@
-"""Where the CPU of an add goes, thread by thread: user and system microseconds per entry of
-each thread of bookie-0 and of the client, while one client writes N ledgers.
+"""Where the CPU of an add goes, thread by thread: user and system microseconds and context
+switches per entry of each thread of bookie-0 and of the client, while one client writes N
+ledgers.
 
 For each ``--ledgers`` count (default 1 and 10,000) it starts three bookies (embedded
 metadata, journal fsynced), runs `bench/scale.py`'s ledgers workload in a worker process
 (E3 WQ3 AQ2, 1 KiB, ``--window`` in total (default 1,000), round-robin over the N ledgers, one run of
 ``--seconds``, which starts once the bookies are idle after the ledgers' first entries:
 their index files are created by a checkpoint), and from 2 s into that run samples
-``/proc/PID/task/*/stat`` of bookie-0 and of the client for ``--sample-seconds``. Thread
+``/proc/PID/task/*/stat`` (CPU) and ``status`` (context switches) of bookie-0 and of the
+client for ``--sample-seconds``. Thread
 names are those the kernel knows: the bookie's actor threads name themselves
 (``zbk-journal``, ``zbk-server``, ...), ZeroMQ's I/O thread is ``ZMQbg/IO/0``.
 
@@ -39,17 +41,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _procs import Bookie, ZbkCluster, install_signal_handlers, metric_total, stat_times, stop_process  # noqa: E402
 
 
-def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
-    """tid -> (name, user s, system s) of every thread of ``pid``."""
-    out: dict[int, tuple[str, float, float]] = {}
+def thread_times(pid: int) -> dict[int, tuple[str, float, float, int]]:
+    """tid -> (name, user s, system s, context switches) of every thread of ``pid``; the
+    switches are the voluntary ones (the thread slept: a wait for a message, the GIL, a
+    disk) and the involuntary ones (it was preempted) together."""
+    out: dict[int, tuple[str, float, float, int]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
             user, system = stat_times(f"/proc/{pid}/task/{tid}/stat")
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(tid)] = (name, user, system)
+        out[int(tid)] = (name, user, system, switches)
     return out
 
 
@@ -89,13 +95,14 @@ def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_
     per: dict[str, list[dict[str, Any]]] = {}
     for proc in watched:
         rows: list[dict[str, Any]] = []
-        for tid, (name, u1, s1) in sorted(after[proc].items()):
+        for tid, (name, u1, s1, c1) in sorted(after[proc].items()):
             if tid not in before[proc]:
                 continue
-            _, u0, s0 = before[proc][tid]
+            _, u0, s0, c0 = before[proc][tid]
             us, ss = (u1 - u0) / elapsed * 1e6 / rate, (s1 - s0) / elapsed * 1e6 / rate
             if us + ss >= 0.05:
-                rows.append({"tid": tid, "name": name, "user_us": round(us, 2), "sys_us": round(ss, 2)})
+                rows.append({"tid": tid, "name": name, "user_us": round(us, 2), "sys_us": round(ss, 2),
+                             "switches": round((c1 - c0) / elapsed / rate, 3)})
         per[proc] = rows
     return {"ledgers": n, "window": window, "entries_per_s": rate, "run_seconds": seconds, "sampled_s": round(elapsed, 1),
             "threads": per, "syscalls_per_entry": syscalls}
@@ -107,7 +114,7 @@ def _entries_added(bookie: Bookie) -> float:
 
 def trace_syscalls(bookie: Bookie, seconds: float) -> dict[str, dict[str, float]]:
     """``strace -f`` on the bookie for ``seconds``: thread name -> syscall -> calls per entry."""
-    names = {tid: name for tid, (name, _, _) in thread_times(bookie.pid).items()}
+    names = {tid: t[0] for tid, t in thread_times(bookie.pid).items()}
     with tempfile.NamedTemporaryFile(prefix="zbk-strace-", suffix=".txt", delete=False) as f:
         path = f.name
     try:
@@ -160,13 +167,16 @@ def main() -> int:
         r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace, dict(kv.split("=", 1) for kv in a.set))
         r["settings"] = a.set
         results.append(r)
-        print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system):")
+        print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system), "
+              f"context switches per entry:")
         for proc, rows in r["threads"].items():
-            total = 0.0
+            total = switches = 0.0
             for row in rows:
                 total += row["user_us"] + row["sys_us"]
-                print(f"  {proc:8} {row['tid']:>8} {row['name']:16} {row['user_us']:6.2f} + {row['sys_us']:5.2f}")
-            print(f"  {proc:8} {'all':>8} {'':16} {total:6.2f}")
+                switches += row["switches"]
+                print(f"  {proc:8} {row['tid']:>8} {row['name']:16} {row['user_us']:6.2f} + {row['sys_us']:5.2f}"
+                      f"  {row['switches']:7.3f}")
+            print(f"  {proc:8} {'all':>8} {'':16} {total:6.2f}          {switches:7.3f}")
         if r["syscalls_per_entry"]:
             print(f"{n} ledgers: bookie-0's system calls per entry, by thread (under strace):")
             for thread, calls in r["syscalls_per_entry"].items():
