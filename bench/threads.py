@@ -20,6 +20,11 @@ GIL. Stops every process it started, by PID.
 
     .venv/bin/python bench/threads.py --ledgers 1 --ledgers 10000
     .venv/bin/python bench/threads.py --ledgers 1 --window 1 --strace 4
+    .venv/bin/python bench/threads.py --rate 600 --seconds 20 --sample-seconds 8
+
+With ``--rate R`` the load is instead one ledger written at R entries/s, open loop, by
+bench/openloop.py's writer as in its ladder, and the sample starts once bookie-0 has taken
+its first 1.5 s of entries; per entry then means per entry bookie-0 took during the sample.
 """
 
 from __future__ import annotations
@@ -60,29 +65,46 @@ def thread_times(pid: int) -> dict[int, tuple[str, float, float, int]]:
 
 
 def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_s: float = 0.0,
-            settings: dict[str, str] | None = None) -> dict[str, Any]:
+            settings: dict[str, str] | None = None, rate: int = 0) -> dict[str, Any]:
+    here = os.path.dirname(os.path.abspath(__file__))
     with ZbkCluster(3, settings=settings or {}) as zc:
         pids = [b.pid for b in zc.bookies]
-        argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.py"), "--worker",
-                "multi", "--metadata", zc.metadata, "--pids", ",".join(map(str, pids)), "--counts", str(n),
-                "--window", str(window), "--size", "1024", "--seconds", str(seconds), "--warmup", "1", "--rounds", "1"]
+        if rate:  # bench/openloop.py's writer: one ledger at a fixed rate, open loop
+            argv = [sys.executable, os.path.join(here, "openloop.py"), "--worker", "zbk", "--rate", str(rate),
+                    "--seconds", str(seconds), "--warmup", "1", "--size", "1024", "--drain", "10",
+                    "--explicit-lac-ms", "10", "--metadata", zc.metadata, "--server-pids", ",".join(map(str, pids))]
+        else:
+            argv = [sys.executable, os.path.join(here, "scale.py"), "--worker", "multi", "--metadata", zc.metadata,
+                    "--pids", ",".join(map(str, pids)), "--counts", str(n), "--window", str(window), "--size", "1024",
+                    "--seconds", str(seconds), "--warmup", "1", "--rounds", "1"]
         worker = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            # The worker creates the ledgers, writes one entry to each, waits for idle
-            # bookies, warms up for 1 s, says so on stderr, and runs.
-            assert worker.stderr is not None
-            for line in worker.stderr:
-                if line.startswith('{"measuring"'):
-                    break
+            if rate:
+                # The writer starts, creates its ledger and warms up for 1 s: sample once
+                # bookie-0 has taken that much.
+                limit = time.monotonic() + 60
+                while _entries_added(zc.bookies[0]) < 1.5 * rate:
+                    if worker.poll() is not None or time.monotonic() > limit:
+                        raise RuntimeError(f"writer did not start:\n{worker.communicate()[1][-3000:]}")
+                    time.sleep(0.05)
             else:
-                raise RuntimeError(f"worker exited {worker.wait()} before its run")
-            time.sleep(2)
+                # The worker creates the ledgers, writes one entry to each, waits for idle
+                # bookies, warms up for 1 s, says so on stderr, and runs.
+                assert worker.stderr is not None
+                for line in worker.stderr:
+                    if line.startswith('{"measuring"'):
+                        break
+                else:
+                    raise RuntimeError(f"worker exited {worker.wait()} before its run")
+                time.sleep(2)
             watched = {"bookie-0": pids[0], "client": worker.pid}
             before = {k: thread_times(p) for k, p in watched.items()}
+            e0 = _entries_added(zc.bookies[0])
             t0 = time.monotonic()
             time.sleep(sample_s)
             elapsed = time.monotonic() - t0
             after = {k: thread_times(p) for k, p in watched.items()}
+            added = _entries_added(zc.bookies[0]) - e0
             syscalls = trace_syscalls(zc.bookies[0], strace_s) if strace_s else None
             out, err = worker.communicate(timeout=seconds + 60)
         finally:
@@ -90,8 +112,10 @@ def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_
                 stop_process(worker)  # type: ignore[arg-type]  # a text-mode Popen
         if worker.returncode != 0:
             raise RuntimeError(f"worker exited {worker.returncode}:\n{err[-3000:]}")
-        run = json.loads(out.strip().splitlines()[-1])["runs"][0]
-    rate = run["entries_per_s"]
+        report = json.loads(out.strip().splitlines()[-1])
+    run = report if rate else report["runs"][0]
+    # Per entry of the sample: what bookie-0 took meanwhile (every entry, at WQ3).
+    per_s = added / elapsed if rate else run["entries_per_s"]
     per: dict[str, list[dict[str, Any]]] = {}
     for proc in watched:
         rows: list[dict[str, Any]] = []
@@ -99,12 +123,13 @@ def measure(n: int, seconds: float, sample_s: float, window: int = 1000, strace_
             if tid not in before[proc]:
                 continue
             _, u0, s0, c0 = before[proc][tid]
-            us, ss = (u1 - u0) / elapsed * 1e6 / rate, (s1 - s0) / elapsed * 1e6 / rate
+            us, ss = (u1 - u0) / elapsed * 1e6 / per_s, (s1 - s0) / elapsed * 1e6 / per_s
             if us + ss >= 0.05:
                 rows.append({"tid": tid, "name": name, "user_us": round(us, 2), "sys_us": round(ss, 2),
-                             "switches": round((c1 - c0) / elapsed / rate, 3)})
+                             "switches": round((c1 - c0) / elapsed / per_s, 3)})
         per[proc] = rows
-    return {"ledgers": n, "window": window, "entries_per_s": rate, "run_seconds": seconds, "sampled_s": round(elapsed, 1),
+    return {"ledgers": 1 if rate else n, "window": None if rate else window, "rate": rate or None,
+            "entries_per_s": round(per_s, 1), "run_seconds": seconds, "sampled_s": round(elapsed, 1),
             "threads": per, "syscalls_per_entry": syscalls}
 
 
@@ -152,6 +177,9 @@ def main() -> int:
     ap.add_argument("--ledgers", type=int, action="append", help="ledger counts (repeatable; default 1 and 10000)")
     ap.add_argument("--seconds", type=float, default=45.0, help="length of the worker's run")
     ap.add_argument("--window", type=int, default=1000, help="entries in flight in total (1: one at a time)")
+    ap.add_argument("--rate", type=int, default=0,
+                    help="instead of a window: one ledger written at this many entries/s, open loop "
+                         "(bench/openloop.py's writer); --ledgers is then ignored")
     ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
                     help="after the CPU sample, count bookie-0's system calls per thread for this long")
     ap.add_argument("--sample-seconds", type=float, default=15.0, help="CPU sampled over this much of the run")
@@ -163,11 +191,13 @@ def main() -> int:
         ap.error("--strace needs strace (apt install strace)")
     install_signal_handlers(max_seconds=900)
     results = []
-    for n in a.ledgers or [1, 10_000]:
-        r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace, dict(kv.split("=", 1) for kv in a.set))
+    for n in ([1] if a.rate else a.ledgers or [1, 10_000]):
+        r = measure(n, a.seconds, a.sample_seconds, a.window, a.strace, dict(kv.split("=", 1) for kv in a.set),
+                    rate=a.rate)
         r["settings"] = a.set
         results.append(r)
-        print(f"{n} ledgers: {r['entries_per_s']:,.0f} entries/s; us of CPU per entry (user + system), "
+        print(f"{n} ledgers{f' at {a.rate:,}/s offered' if a.rate else ''}: {r['entries_per_s']:,.0f} entries/s; "
+              f"us of CPU per entry (user + system), "
               f"context switches per entry:")
         for proc, rows in r["threads"].items():
             total = switches = 0.0
