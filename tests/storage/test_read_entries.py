@@ -58,14 +58,19 @@ def _check_same(w: EntryLogWriter, ledger_id: int, entry_ids: list[int], locatio
     return got, error
 
 
-def test_a_run_reads_consecutive_records_with_one_pread(tmp_path, rng, monkeypatch):
-    d = str(tmp_path)
-    w = EntryLogWriter([d], 64 * MiB, 4096)
+def _log_counting_preads(tmp_path, rng, monkeypatch) -> tuple[EntryLogWriter, dict[int, tuple[int, bytes]], list[int]]:
+    """2,000 records of 1 KiB in one flushed log, and the sizes of the preads that follow."""
+    w = EntryLogWriter([str(tmp_path)], 64 * MiB, 4096)
     entries = _append(w, 1, range(2000), 1024, rng)
     w.flush()
-    preads = []
+    preads: list[int] = []
     real = os.pread
     monkeypatch.setattr(entrylog.os, "pread", lambda fd, n, off: preads.append(n) or real(fd, n, off))
+    return w, entries, preads
+
+
+def test_a_run_reads_consecutive_records_with_one_pread(tmp_path, rng, monkeypatch):
+    w, entries, preads = _log_counting_preads(tmp_path, rng, monkeypatch)
     ids = list(range(100, 1600))
     got, error = _check_same(w, 1, ids, [entries[e][0] for e in ids])
     assert error is None and got == [entries[e][1] for e in ids]
@@ -78,13 +83,7 @@ def test_a_run_reads_consecutive_records_with_one_pread(tmp_path, rng, monkeypat
 def test_a_run_reads_no_further_than_the_bytes_wanted(tmp_path, rng, monkeypatch):
     """A read served in 256 KiB slices must not pread a whole 1 MiB run per slice and throw
     three quarters of it away."""
-    d = str(tmp_path)
-    w = EntryLogWriter([d], 64 * MiB, 4096)
-    entries = _append(w, 1, range(2000), 1024, rng)
-    w.flush()
-    preads = []
-    real = os.pread
-    monkeypatch.setattr(entrylog.os, "pread", lambda fd, n, off: preads.append(n) or real(fd, n, off))
+    w, entries, preads = _log_counting_preads(tmp_path, rng, monkeypatch)
     ids = list(range(2000))
     locations = [entries[e][0] for e in ids]
     for bytes_max in (256 << 10, 100_000, 5_000, 1):
