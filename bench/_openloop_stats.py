@@ -16,6 +16,7 @@ from the moment it was actually sent.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -161,19 +162,32 @@ def run_ladder(systems: Sequence[str], rates: Iterable[int],
     Returns each system's results in rate order."""
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     climbing = list(systems)
-    flip = 0
-    for rate in rates:
+    for step, rate in enumerate(rates):
         if not climbing:
             break
-        got: dict[str, list[dict[str, Any]]] = {s: [] for s in climbing}
-        for _ in range(rounds):
-            for s in (climbing if flip % 2 == 0 else climbing[::-1]):
-                got[s].append(measure(s, rate))
-            flip += 1
+        got = run_rounds(climbing, rounds, functools.partial(_swapped, measure, rate), combine_rounds,
+                         first_round=step * rounds)
         for s in climbing:
-            runs[s].append(got[s][0] if rounds == 1 else combine_rounds(got[s]))
+            runs[s].append(got[s])
         climbing = [s for s in climbing if runs[s][-1]["holds"]]
     return runs
+
+
+def _swapped(measure: Callable[[str, int], dict[str, Any]], rate: int, system: str) -> dict[str, Any]:
+    return measure(system, rate)
+
+
+def run_rounds(systems: Sequence[str], rounds: int, measure: Callable[[str], dict[str, Any]],
+               combine: Callable[[Sequence[dict[str, Any]]], dict[str, Any]], *,
+               first_round: int = 0) -> dict[str, dict[str, Any]]:
+    """Each system measured ``rounds`` times, interleaved, the order flipped from one round
+    to the next (round ``first_round`` in the given order when even); each system's result
+    is its one run, or ``combine`` of its rounds."""
+    got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    for k in range(first_round, first_round + rounds):
+        for s in (systems if k % 2 == 0 else systems[::-1]):
+            got[s].append(measure(s))
+    return {s: got[s][0] if rounds == 1 else combine(got[s]) for s in systems}
 
 
 # The figures of a rate run several times that are reported as the median of its rounds.
@@ -194,15 +208,21 @@ def combine_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"system": runs[0].get("system"), "rate": runs[0]["rate"], "rounds": list(runs)}
     if not ok:
         return {**out, "holds": False, "why": "every round failed", "error": runs[-1].get("error", "")}
-    for key in ROUND_MEDIANS:
-        vals = sorted(r[key] for r in ok if r.get(key) is not None)
-        out[key] = statistics.median(vals) if vals else None
+    out.update(_medians(ok, ROUND_MEDIANS))
     holds = 2 * held > len(runs)
     whys = [r["why"] for r in runs if not r["holds"] and r.get("why")]
     why = "" if holds else f"held {held} of {len(runs)} rounds" + (f" (first miss: {whys[0]})" if whys else "")
     out.update(holds=holds, why=why, held_rounds=held, p99_ms_rounds=[r.get("p99_ms") for r in runs])
     return out
 
+
+def _medians(results: Sequence[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """Each key's median over the results that have it (None where none has)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        vals = [r[key] for r in results if r.get(key) is not None]
+        out[key] = statistics.median(vals) if vals else None
+    return out
 
 
 E2E_MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "max_ms", "reader_cpu_us_per_entry")
@@ -215,15 +235,13 @@ def combine_e2e_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out = combine_rounds(runs)
     with_e2e = [r["e2e"] for r in runs if "error" not in r and r.get("e2e")]
     if with_e2e:
-        e: dict[str, Any] = {}
-        for key in E2E_MEDIANS:
-            vals = sorted(x[key] for x in with_e2e if x.get(key) is not None)
-            e[key] = statistics.median(vals) if vals else None
+        e = _medians(with_e2e, E2E_MEDIANS)
         e["received"] = sum(x.get("received", 0) for x in with_e2e)
         e["expected"] = sum(x.get("expected", 0) for x in with_e2e)
         e["p99_ms_rounds"] = [x.get("p99_ms") for x in with_e2e]
         out["e2e"] = e
     return out
+
 
 def highest_held(runs: Sequence[dict[str, Any]]) -> int | None:
     """The highest offered rate of a ladder that held (None if none did)."""

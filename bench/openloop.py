@@ -72,6 +72,7 @@ from _openloop_stats import (  # noqa: E402
     judge,
     ladder_rates,
     run_ladder,
+    run_rounds,
 )
 from _procs import (  # noqa: E402
     NatsCluster,
@@ -550,11 +551,8 @@ def main() -> int:
                 print("e2e: skipped (no NATS ladder result and no --e2e-rate)", flush=True)
             else:
                 print(f"== end to end at {rate:,}/s ==", flush=True)
-                got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
-                for k in range(args.e2e_rounds):  # interleaved, the order flipped each round
-                    for s in (systems if k % 2 == 0 else systems[::-1]):
-                        got[s].append(measure(s, rate, args, zbk, nats, e2e=True))
-                e2e_runs = {s: got[s][0] if args.e2e_rounds == 1 else combine_e2e_rounds(got[s]) for s in systems}
+                e2e_runs = run_rounds(systems, args.e2e_rounds,
+                                      lambda s: measure(s, rate, args, zbk, nats, e2e=True), combine_e2e_rounds)
                 report["e2e"] = {"rate": rate, "rate_from": source, "runs": e2e_runs}
         if "rw" in phases:
             assert zbk is not None

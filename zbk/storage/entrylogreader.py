@@ -108,7 +108,8 @@ class EntryLogReads:
         length_min, length_max = _LENGTH_MIN, _LENGTH_MAX
         error: CorruptDataError | OSError | None = None
         full = False
-        while i < n and error is None and not full and total <= bytes_max:  # over it: a first entry larger than bytes_max, nothing more fits
+        # total > bytes_max only after a first entry larger than bytes_max: nothing more fits.
+        while i < n and error is None and not full and total <= bytes_max:
             j, run, base = self._read_run(locations, i, bytes_max - total)
             size = len(run)
             mv = memoryview(run)
