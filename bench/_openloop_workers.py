@@ -150,6 +150,93 @@ class ZbkTarget:
             await self.bk.close()
 
 
+class FloorTarget:
+    """zbk's floor: the same three bookies (``--servers``, their ids) written without the
+    client library. Each append is one AddRequest, its entry built (header, digest) as the
+    library builds it, sent to the three bookies over raw DEALER sockets and confirmed by two
+    EOK answers (E3 WQ3 AQ2); the loop watches the sockets' FDs, as the library's transport
+    does. What the library costs at a rate comes on top of this. The ledger has no metadata
+    (the bench cluster's GC waits an hour, so it is not collected)."""
+
+    ACK_QUORUM = 2
+
+    def __init__(self, servers: str) -> None:
+        self.bookies = servers.split(",")
+
+    async def start(self) -> None:
+        import zmq
+
+        from zbk.client.digest import make_digest, master_key
+        from zbk.client.raw import BookieConnection
+
+        # A raw ledger far above the metadata store's ids (they count up from 1); a clash would
+        # be refused (another master key: EUA), never mixed with a ledger of the client library.
+        self.lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")
+        self.digest, self.master_key = make_digest("crc32c", PASSWORD), master_key(PASSWORD)
+        self.ctx = zmq.Context()
+        self.conns = [BookieConnection(b, ctx=self.ctx) for b in self.bookies]
+        self.events_opt, self.pollin = int(zmq.EVENTS), int(zmq.POLLIN)
+        self.loop = asyncio.get_running_loop()
+        self.next_entry = 0
+        self.lac = -1
+        self.confirmed: set[int] = set()
+        self.pending: dict[int, list[Any]] = {}  # entry id -> [future, EOK answers]
+        self.fds = [int(c.sock.getsockopt(zmq.FD)) for c in self.conns]
+        for fd, c in zip(self.fds, self.conns, strict=True):
+            self.loop.add_reader(fd, self._readable, c.sock)
+
+    def _readable(self, sock: Any) -> None:
+        from zbk.wire.codec import decode_response
+
+        while int(sock.get(self.events_opt)) & self.pollin:
+            r = decode_response(sock.recv_multipart())
+            p = self.pending.get(r.rid - 1)  # entry e goes out as request e + 1
+            if p is None:  # the third answer, after the entry was confirmed
+                continue
+            if r.status != 0:
+                del self.pending[r.rid - 1]
+                p[0].set_exception(RuntimeError(f"entry {r.rid - 1}: status {r.status}"))
+                continue
+            p[1] += 1
+            if p[1] == self.ACK_QUORUM:
+                eid = r.rid - 1
+                del self.pending[eid]
+                self.confirmed.add(eid)
+                while self.lac + 1 in self.confirmed:
+                    self.lac += 1
+                    self.confirmed.discard(self.lac)
+                p[0].set_result(eid)
+
+    async def send(self, payload: bytes) -> asyncio.Future[Any]:
+        from zbk.wire import messages as w
+        from zbk.wire.codec import encode
+        from zbk.wire.entry import build_entry
+
+        eid = self.next_entry
+        self.next_entry += 1
+        frames = encode(w.AddRequest(rid=eid + 1, ledger_id=self.lid, master_key=self.master_key, flags=w.AddFlag(0),
+                                     entries=[build_entry(self.lid, eid, self.lac, payload, self.digest)]))
+        fut = self.loop.create_future()
+        self.pending[eid] = [fut, 0]
+        for c in self.conns:
+            c.sock.send_multipart(frames)
+        for c in self.conns:  # a ZeroMQ FD signals only new activity: look after each send
+            self._readable(c.sock)
+        return fut
+
+    def reader_argv(self) -> list[str]:
+        raise NotImplementedError("the floor has no tailing reader: it writes a ledger without metadata")
+
+    async def finish(self) -> None:
+        pass
+
+    async def cleanup(self) -> None:
+        for fd, c in zip(self.fds, self.conns, strict=True):
+            self.loop.remove_reader(fd)
+            c.close()
+        self.ctx.term()
+
+
 class NatsTarget:
     """A new stream of 3 replicas (file storage), published to with ``publish_async`` by a
     client connected to the stream leader's server (NATS's best case: no extra hop)."""
@@ -250,6 +337,8 @@ def make_target(args: argparse.Namespace) -> Any:
         return NoopTarget()
     if args.worker == "zbk":
         return ZbkTarget(args.metadata, args.explicit_lac_ms)
+    if args.worker == "zbk-floor":
+        return FloorTarget(args.servers)
     return NatsTarget(args.servers)
 
 
@@ -463,7 +552,7 @@ async def catchup(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_main(args: argparse.Namespace) -> int:
     kind = args.worker
-    if kind in ("noop", "zbk", "nats"):
+    if kind in ("noop", "zbk", "zbk-floor", "nats"):
         report = run_async(writer(args))
     elif kind == "zbk-tail":
         report = run_async(zbk_tail(args))

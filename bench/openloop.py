@@ -86,6 +86,9 @@ from _procs import (  # noqa: E402
 )
 
 SYSTEMS = ("zbk", "nats")
+# --systems zbk-floor: the same bookies at the same rates without the client library (the
+# floor any client of these bookies pays); ladder only, beside the targets, not in them.
+FLOOR = "zbk-floor"
 PHASES = ("gen", "ladder", "e2e", "rw")
 GEN_RATES = (1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000)
 SCRIPT = os.path.abspath(__file__)
@@ -100,6 +103,10 @@ def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluste
     if system == "zbk":
         assert zbk is not None
         argv += ["--metadata", zbk.metadata, "--server-pids", ",".join(str(b.pid) for b in zbk.bookies)]
+    elif system == FLOOR:
+        assert zbk is not None
+        argv += ["--servers", ",".join(b.bookie_id for b in zbk.bookies),
+                 "--server-pids", ",".join(str(b.pid) for b in zbk.bookies)]
     elif system == "nats":
         assert nats is not None
         argv += ["--servers", ",".join(f"{nd.name}={nd.url}" for nd in nats.nodes),
@@ -331,7 +338,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"generator ceiling: {report['gen_ceiling']}")
     lad = report.get("ladder")
     if lad:
-        for s in SYSTEMS:
+        for s in (s for s in (*SYSTEMS, FLOOR) if s in lad):
             print(f"\n== ladder: {s} (highest held {fmt_opt(lad['highest_held'][s], ',')}) ==")
             print(HEADER)
             for r in lad[s]:
@@ -384,11 +391,11 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     lad = report["ladder"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    colors = {"zbk": "tab:blue", "nats": "tab:orange"}
-    names = {"zbk": "zbk E3 WQ3 AQ2", "nats": "NATS JetStream R3"}
+    colors = {"zbk": "tab:blue", "nats": "tab:orange", FLOOR: "tab:gray"}
+    names = {"zbk": "zbk E3 WQ3 AQ2", "nats": "NATS JetStream R3", FLOOR: "zbk floor (no client library)"}
     styles = {"p50_ms": ("p50", "-", "o"), "p99_ms": ("p99", "--", "s"), "p999_ms": ("p99.9", "-.", "^"),
               "max_ms": ("max", ":", "D")}
-    for s in SYSTEMS:
+    for s in (s for s in (*SYSTEMS, FLOOR) if s in lad):
         runs = [r for r in lad[s] if "error" not in r]
         if not runs:
             continue
@@ -442,7 +449,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ladder-rounds", type=int, default=1,
                     help="runs of each system at each ladder rate, interleaved; a rate holds when most of them "
                          "hold, and its figures are the medians of the rounds")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems of the ladder and e2e phases")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"systems of the ladder and e2e phases; {FLOOR} (ladder only): zbk's bookies written "
+                         "without the client library")
     ap.add_argument("--profile", metavar="PREFIX", help="profile bookie-0 (PREFIX-bookie0-RATE-TIME.txt) and the "
                     "writer (PREFIX-client-RATE-TIME.txt) of every zbk run with py-spy; raw profiles for "
                     "bench/profile_top.py")
@@ -490,8 +499,8 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
-    if set(args.systems.split(",")) - set(SYSTEMS):
-        ap.error(f"--systems: of {','.join(SYSTEMS)}")
+    if set(args.systems.split(",")) - {*SYSTEMS, FLOOR}:
+        ap.error(f"--systems: of {','.join((*SYSTEMS, FLOOR))}")
     return args
 
 
@@ -523,7 +532,7 @@ def main() -> int:
         held = [r["rate"] for r in report["gen"] if r["holds"]]
         report["gen_ceiling"] = (f"holds {max(held):,}/s" if held else "holds no rate") + (
             "" if not report["gen"] or not report["gen"][-1]["holds"] else " (the highest rate tried)")
-    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    systems = [s for s in (*SYSTEMS, FLOOR) if s in args.systems.split(",")]
     need_nats = "nats" in systems and ("ladder" in phases or "e2e" in phases)
     nats = NatsCluster(3) if need_nats else None
     zbk = ZbkCluster(3, settings=settings) if set(phases) & {"ladder", "e2e", "rw"} else None
@@ -538,10 +547,11 @@ def main() -> int:
             print("== ladder ==", flush=True)
             rates = [int(r) for r in args.rates.split(",")] if args.rates else ladder_rates(args.max_rate)
             runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats), args.ladder_rounds)
-            runs = {s: runs.get(s, []) for s in SYSTEMS}
+            shown = (*SYSTEMS, FLOOR) if FLOOR in systems else SYSTEMS
+            runs = {s: runs.get(s, []) for s in shown}
             report["ladder"] = {**runs, "rates": rates,
-                                "highest_held": {s: highest_held(runs[s]) for s in SYSTEMS},
-                                "capped": [s for s in SYSTEMS if runs[s] and runs[s][-1]["holds"]]}
+                                "highest_held": {s: highest_held(runs[s]) for s in shown},
+                                "capped": [s for s in shown if runs[s] and runs[s][-1]["holds"]]}
         if "e2e" in phases:
             rate, source = args.e2e_rate, "--e2e-rate"
             if rate is None:
@@ -551,7 +561,7 @@ def main() -> int:
                 print("e2e: skipped (no NATS ladder result and no --e2e-rate)", flush=True)
             else:
                 print(f"== end to end at {rate:,}/s ==", flush=True)
-                e2e_runs = run_rounds(systems, args.e2e_rounds,
+                e2e_runs = run_rounds([s for s in systems if s != FLOOR], args.e2e_rounds,
                                       lambda s: measure(s, rate, args, zbk, nats, e2e=True), combine_e2e_rounds)
                 report["e2e"] = {"rate": rate, "rate_from": source, "runs": e2e_runs}
         if "rw" in phases:
