@@ -151,12 +151,13 @@ class ZbkTarget:
 
 
 class FloorTarget:
-    """zbk's floor: the same three bookies (``--servers``, their ids) written without the
-    client library. Each append is one AddRequest, its entry built (header, digest) as the
-    library builds it, sent to the three bookies over raw DEALER sockets and confirmed by two
-    EOK answers (E3 WQ3 AQ2); the loop watches the sockets' FDs, as the library's transport
-    does. What the library costs at a rate comes on top of this. The ledger has no metadata
-    (the bench cluster's GC waits an hour, so it is not collected)."""
+    """A writer without the client library, to three servers (``--servers``: zbk's bookies,
+    or bench/_floor_server.py's floor servers). Each append is one AddRequest, its entry
+    built (header, digest) as the library builds it, sent to the three servers over raw
+    DEALER sockets and confirmed by two EOK answers (E3 WQ3 AQ2); the loop watches the
+    sockets' FDs, as the library's transport does. What the library costs at a rate comes on
+    top of this. The ledger has no metadata (the bench cluster's GC waits an hour, so it is
+    not collected)."""
 
     ACK_QUORUM = 2
 
@@ -337,7 +338,7 @@ def make_target(args: argparse.Namespace) -> Any:
         return NoopTarget()
     if args.worker == "zbk":
         return ZbkTarget(args.metadata, args.explicit_lac_ms)
-    if args.worker == "zbk-floor":
+    if args.worker in ("zbk-floor", "server-floor"):
         return FloorTarget(args.servers)
     return NatsTarget(args.servers)
 
@@ -552,7 +553,7 @@ async def catchup(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_main(args: argparse.Namespace) -> int:
     kind = args.worker
-    if kind in ("noop", "zbk", "zbk-floor", "nats"):
+    if kind in ("noop", "zbk", "zbk-floor", "server-floor", "nats"):
         report = run_async(writer(args))
     elif kind == "zbk-tail":
         report = run_async(zbk_tail(args))

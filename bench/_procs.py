@@ -513,6 +513,43 @@ class NatsCluster(_Cluster):
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+@dataclass
+class FloorServerCluster(_Cluster):
+    """N single-threaded floor servers (bench/_floor_server.py) on loopback: the least a
+    bookie can do for an add (decode, one write and one fsync per wake-up, answer). Not
+    bookies: only the raw writer of bench/openloop.py talks to them."""
+
+    n: int = 3
+    root: Path | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    addresses: list[str] = field(default_factory=list)
+
+    def start(self, timeout_s: float = 30.0) -> FloorServerCluster:
+        self.root = Path(tempfile.mkdtemp(prefix="floor-bench-"))
+        script = str(REPO / "bench" / "_floor_server.py")
+        for i in range(self.n):
+            port, data, log = free_port(), self.root / f"s{i}", self.root / f"s{i}.log"
+            data.mkdir()
+            self.procs.append(start_process([sys.executable, script, "--port", str(port), "--dir", str(data)], log))
+            self.addresses.append(f"{LOOPBACK}:{port}")
+            deadline = time.monotonic() + timeout_s
+            while b"READY" not in log.read_bytes():
+                if self.procs[-1].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"floor server {i} did not start:\n{tail(log)}")
+                time.sleep(0.05)
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            stop_process(p, timeout_s=10.0)
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
 # -- statistics ---------------------------------------------------------------------------------
 def pct(sorted_values: list[float], p: float) -> float:
     """The p-quantile (0..1) of an ascending list, nearest rank below (as `zbk bench`)."""

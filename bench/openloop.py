@@ -75,6 +75,7 @@ from _openloop_stats import (  # noqa: E402
     run_rounds,
 )
 from _procs import (  # noqa: E402
+    FloorServerCluster,
     NatsCluster,
     ZbkCluster,
     git_rev,
@@ -86,9 +87,13 @@ from _procs import (  # noqa: E402
 )
 
 SYSTEMS = ("zbk", "nats")
-# --systems zbk-floor: the same bookies at the same rates without the client library (the
-# floor any client of these bookies pays); ladder only, beside the targets, not in them.
+# Floors, ladder only, beside the targets and not in them. zbk-floor: the same bookies at the
+# same rates written without the client library (what any client of these bookies pays).
+# server-floor: that writer against single-threaded floor servers (bench/_floor_server.py:
+# decode, one write and one fsync per wake-up, answer), what any Python server pays here.
 FLOOR = "zbk-floor"
+SERVER_FLOOR = "server-floor"
+FLOORS = (FLOOR, SERVER_FLOOR)
 PHASES = ("gen", "ladder", "e2e", "rw")
 GEN_RATES = (1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000)
 SCRIPT = os.path.abspath(__file__)
@@ -96,7 +101,7 @@ SCRIPT = os.path.abspath(__file__)
 
 # -- runs ---------------------------------------------------------------------------------------
 def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | None,
-                nats: NatsCluster | None, *, e2e: bool = False) -> list[str]:
+                nats: NatsCluster | None, *, e2e: bool = False, floor: FloorServerCluster | None = None) -> list[str]:
     argv = [sys.executable, SCRIPT, "--worker", system, "--rate", str(rate), "--seconds", str(args.seconds),
             "--warmup", str(args.warmup), "--size", str(args.size), "--drain", str(args.drain),
             "--explicit-lac-ms", str(args.explicit_lac_ms)]
@@ -107,6 +112,9 @@ def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluste
         assert zbk is not None
         argv += ["--servers", ",".join(b.bookie_id for b in zbk.bookies),
                  "--server-pids", ",".join(str(b.pid) for b in zbk.bookies)]
+    elif system == SERVER_FLOOR:
+        assert floor is not None
+        argv += ["--servers", ",".join(floor.addresses), "--server-pids", ",".join(map(str, floor.pids))]
     elif system == "nats":
         assert nats is not None
         argv += ["--servers", ",".join(f"{nd.name}={nd.url}" for nd in nats.nodes),
@@ -127,7 +135,7 @@ def spy_argv(out: str) -> list[str]:
 
 
 def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | None, nats: NatsCluster | None,
-            *, e2e: bool = False, label: str = "") -> dict[str, Any]:
+            *, e2e: bool = False, label: str = "", floor: FloorServerCluster | None = None) -> dict[str, Any]:
     """One writer run at ``rate``, judged; prints a line."""
     load_before = loadavg()
     spy = None
@@ -138,7 +146,7 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
         spy = start_process([*spy_argv(out), "--pid", str(zbk.bookies[0].pid),
                              "--duration", str(round(args.warmup + args.seconds + 2))], Path(f"{out}.log"))
     try:
-        r = run_json(writer_argv(system, rate, args, zbk, nats, e2e=e2e),
+        r = run_json(writer_argv(system, rate, args, zbk, nats, e2e=e2e, floor=floor),
                      timeout_s=args.warmup + args.seconds + args.drain + 180)
     except (RuntimeError, TimeoutError) as err:
         # A run that broke (a worker that died or hung) does not hold its rate; the error is
@@ -338,7 +346,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"generator ceiling: {report['gen_ceiling']}")
     lad = report.get("ladder")
     if lad:
-        for s in (s for s in (*SYSTEMS, FLOOR) if s in lad):
+        for s in (s for s in (*SYSTEMS, *FLOORS) if s in lad):
             print(f"\n== ladder: {s} (highest held {fmt_opt(lad['highest_held'][s], ',')}) ==")
             print(HEADER)
             for r in lad[s]:
@@ -391,11 +399,12 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     lad = report["ladder"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    colors = {"zbk": "tab:blue", "nats": "tab:orange", FLOOR: "tab:gray"}
-    names = {"zbk": "zbk E3 WQ3 AQ2", "nats": "NATS JetStream R3", FLOOR: "zbk floor (no client library)"}
+    colors = {"zbk": "tab:blue", "nats": "tab:orange", FLOOR: "tab:gray", SERVER_FLOOR: "tab:green"}
+    names = {"zbk": "zbk E3 WQ3 AQ2", "nats": "NATS JetStream R3", FLOOR: "zbk floor (no client library)",
+             SERVER_FLOOR: "floor servers, no client library"}
     styles = {"p50_ms": ("p50", "-", "o"), "p99_ms": ("p99", "--", "s"), "p999_ms": ("p99.9", "-.", "^"),
               "max_ms": ("max", ":", "D")}
-    for s in (s for s in (*SYSTEMS, FLOOR) if s in lad):
+    for s in (s for s in (*SYSTEMS, *FLOORS) if s in lad):
         runs = [r for r in lad[s] if "error" not in r]
         if not runs:
             continue
@@ -451,7 +460,8 @@ def parse_args() -> argparse.Namespace:
                          "hold, and its figures are the medians of the rounds")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"systems of the ladder and e2e phases; {FLOOR} (ladder only): zbk's bookies written "
-                         "without the client library")
+                         f"without the client library; {SERVER_FLOOR} (ladder only): that writer against "
+                         "single-threaded floor servers (bench/_floor_server.py)")
     ap.add_argument("--profile", metavar="PREFIX", help="profile bookie-0 (PREFIX-bookie0-RATE-TIME.txt) and the "
                     "writer (PREFIX-client-RATE-TIME.txt) of every zbk run with py-spy; raw profiles for "
                     "bench/profile_top.py")
@@ -499,8 +509,8 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
-    if set(args.systems.split(",")) - {*SYSTEMS, FLOOR}:
-        ap.error(f"--systems: of {','.join((*SYSTEMS, FLOOR))}")
+    if set(args.systems.split(",")) - {*SYSTEMS, *FLOORS}:
+        ap.error(f"--systems: of {','.join((*SYSTEMS, *FLOORS))}")
     return args
 
 
@@ -532,11 +542,14 @@ def main() -> int:
         held = [r["rate"] for r in report["gen"] if r["holds"]]
         report["gen_ceiling"] = (f"holds {max(held):,}/s" if held else "holds no rate") + (
             "" if not report["gen"] or not report["gen"][-1]["holds"] else " (the highest rate tried)")
-    systems = [s for s in (*SYSTEMS, FLOOR) if s in args.systems.split(",")]
+    systems = [s for s in (*SYSTEMS, *FLOORS) if s in args.systems.split(",")]
     need_nats = "nats" in systems and ("ladder" in phases or "e2e" in phases)
     nats = NatsCluster(3) if need_nats else None
     zbk = ZbkCluster(3, settings=settings) if set(phases) & {"ladder", "e2e", "rw"} else None
+    floor = FloorServerCluster(3) if SERVER_FLOOR in systems and "ladder" in phases else None
     try:
+        if floor is not None:
+            floor.start()
         if nats is not None:
             nats.start()
         if zbk is not None:
@@ -546,8 +559,9 @@ def main() -> int:
         if "ladder" in phases:
             print("== ladder ==", flush=True)
             rates = [int(r) for r in args.rates.split(",")] if args.rates else ladder_rates(args.max_rate)
-            runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats), args.ladder_rounds)
-            shown = (*SYSTEMS, FLOOR) if FLOOR in systems else SYSTEMS
+            runs = run_ladder(systems, rates, lambda s, rate: measure(s, rate, args, zbk, nats, floor=floor),
+                              args.ladder_rounds)
+            shown = (*SYSTEMS, *(s for s in FLOORS if s in systems))
             runs = {s: runs.get(s, []) for s in shown}
             report["ladder"] = {**runs, "rates": rates,
                                 "highest_held": {s: highest_held(runs[s]) for s in shown},
@@ -561,7 +575,7 @@ def main() -> int:
                 print("e2e: skipped (no NATS ladder result and no --e2e-rate)", flush=True)
             else:
                 print(f"== end to end at {rate:,}/s ==", flush=True)
-                e2e_runs = run_rounds([s for s in systems if s != FLOOR], args.e2e_rounds,
+                e2e_runs = run_rounds([s for s in systems if s not in FLOORS], args.e2e_rounds,
                                       lambda s: measure(s, rate, args, zbk, nats, e2e=True), combine_e2e_rounds)
                 report["e2e"] = {"rate": rate, "rate_from": source, "runs": e2e_runs}
         if "rw" in phases:
@@ -580,6 +594,8 @@ def main() -> int:
             zbk.stop()
         if nats is not None:
             nats.stop()
+        if floor is not None:
+            floor.stop()
     report["targets"] = targets(report)
     report["load_end"] = loadavg()
     report["wall_s"] = round(time.time() - started, 1)
