@@ -482,6 +482,8 @@ def parse_args() -> argparse.Namespace:
                     help="seconds between drops of the bookies' entry-log pages from the page cache in the rw "
                          "runs, so that the readers read from the disk (0: never)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
+    ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
+                    help="spread: each NATS server on one CPU of its own, round-robin (as zbk's --set actor_cpus=spread)")
     ap.add_argument("--json-out", metavar="FILE", help="write every figure here")
     ap.add_argument("--plot", metavar="PNG", help="latency percentiles against rate")
     ap.add_argument("--from-json", metavar="FILE", help="only print (and --plot) a report written by --json-out")
@@ -544,7 +546,7 @@ def main() -> int:
             "" if not report["gen"] or not report["gen"][-1]["holds"] else " (the highest rate tried)")
     systems = [s for s in (*SYSTEMS, *FLOORS) if s in args.systems.split(",")]
     need_nats = "nats" in systems and ("ladder" in phases or "e2e" in phases)
-    nats = NatsCluster(3) if need_nats else None
+    nats = NatsCluster(3, spread_cpus=args.nats_cpus == "spread") if need_nats else None
     zbk = ZbkCluster(3, settings=settings) if set(phases) & {"ladder", "e2e", "rw"} else None
     floor = FloorServerCluster(3) if SERVER_FLOOR in systems and "ladder" in phases else None
     try:
