@@ -44,8 +44,14 @@ def knows_ledger(bookie, lid: int) -> bool:
 def test_isolated_ledgers_never_leave_their_group(rcluster) -> None:
     # Racks make the test sharp: a placement that ignored the group would prefer the
     # bookies of rack o, which give the gold ones' write sets a second rack.
-    gold = rcluster.start_bookies(4, {"isolation_group": "gold", "rack": "g"})
-    others = rcluster.start_bookies(2, {"rack": "o"})
+    # Leases of 5 s, not the helpers' 2 s: the group's spare must be registered when the
+    # ensemble change looks for it. In a full CI run the change once found no writable spare
+    # and failed with NotEnoughBookies (what a client must then do); a 2 s lease lapses when
+    # its keep-alives wait that long, on a loaded machine with seven processes on one sqlite
+    # store. The dead bookie's registration still goes in time for the steps below.
+    leases = {"registration_ttl_s": 5}
+    gold = rcluster.start_bookies(4, {"isolation_group": "gold", "rack": "g", **leases})
+    others = rcluster.start_bookies(2, {"rack": "o", **leases})
     gold_ids = {b.bookie_id for b in gold}
     store = open_store(rcluster.uri)
     ledgers = LedgerStore(store)
