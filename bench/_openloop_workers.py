@@ -39,7 +39,7 @@ from _openloop_stats import (
     rank_ms,
     window_stats,
 )
-from _procs import cpu_seconds, machine_cpu_ticks
+from _procs import RawLedger, cpu_seconds, machine_cpu_ticks
 
 from zbk.cli.children import spawn_tied, stop_child
 
@@ -156,8 +156,7 @@ class FloorTarget:
     built (header, digest) as the library builds it, sent to the three servers over raw
     DEALER sockets and confirmed by two EOK answers (E3 WQ3 AQ2); the loop watches the
     sockets' FDs, as the library's transport does. What the library costs at a rate comes on
-    top of this. The ledger has no metadata (the bench cluster's GC waits an hour, so it is
-    not collected)."""
+    top of this. The ledger has no metadata (RawLedger)."""
 
     ACK_QUORUM = 2
 
@@ -167,13 +166,9 @@ class FloorTarget:
     async def start(self) -> None:
         import zmq
 
-        from zbk.client.digest import make_digest, master_key
         from zbk.client.raw import BookieConnection
 
-        # A raw ledger far above the metadata store's ids (they count up from 1); a clash would
-        # be refused (another master key: EUA), never mixed with a ledger of the client library.
-        self.lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")
-        self.digest, self.master_key = make_digest("crc32c", PASSWORD), master_key(PASSWORD)
+        self.ledger = RawLedger(PASSWORD)
         self.ctx = zmq.Context()
         self.conns = [BookieConnection(b, ctx=self.ctx) for b in self.bookies]
         self.events_opt, self.pollin = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -191,7 +186,7 @@ class FloorTarget:
 
         while int(sock.get(self.events_opt)) & self.pollin:
             r = decode_response(sock.recv_multipart())
-            p = self.pending.get(r.rid - 1)  # entry e goes out as request e + 1
+            p = self.pending.get(r.rid - 1)  # entry e goes out as request e + 1 (RawLedger)
             if p is None:  # the third answer, after the entry was confirmed
                 continue
             if r.status != 0:
@@ -209,14 +204,9 @@ class FloorTarget:
                 p[0].set_result(eid)
 
     async def send(self, payload: bytes) -> asyncio.Future[Any]:
-        from zbk.wire import messages as w
-        from zbk.wire.codec import encode
-        from zbk.wire.entry import build_entry
-
         eid = self.next_entry
         self.next_entry += 1
-        frames = encode(w.AddRequest(rid=eid + 1, ledger_id=self.lid, master_key=self.master_key, flags=w.AddFlag(0),
-                                     entries=[build_entry(self.lid, eid, self.lac, payload, self.digest)]))
+        frames = self.ledger.add_frames(eid, self.lac, payload)
         fut = self.loop.create_future()
         self.pending[eid] = [fut, 0]
         for c in self.conns:

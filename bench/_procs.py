@@ -1,8 +1,9 @@
 """Process helpers shared by the bench scripts: loopback ports, child processes that are
 always stopped by PID (also on Ctrl-C, SIGTERM, exceptions and interpreter exit), a local
 zbk cluster (N bookies on embedded sqlite metadata, or on a given store such as a local
-etcd member), a local NATS JetStream cluster, RSS
-and load-average readers, and a wall-clock bound for a whole run.
+etcd member), a local NATS JetStream cluster, single-threaded floor servers and the raw
+ledger the floor writers write, RSS and load-average readers, and a wall-clock bound for a
+whole run.
 
 Nothing here depends on tests/: bench scripts must run from a plain checkout with the
 bench extra installed.
@@ -28,7 +29,11 @@ from typing import Any, Self
 
 from zbk.cli.children import spawn_tied, stop_child
 from zbk.cli.ports import free_port  # noqa: F401  (the benches import it from here)
+from zbk.client.digest import make_digest, master_key
 from zbk.config import BookieConfig, canonical_key
+from zbk.wire import messages as w
+from zbk.wire.codec import encode
+from zbk.wire.entry import build_entry
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -511,6 +516,24 @@ class NatsCluster(_Cluster):
                 stop_process(nd.proc, timeout_s=20.0)
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+class RawLedger:
+    """A ledger the floor writers (bench/peers.py, bench/openloop.py) write through the raw
+    protocol, with no metadata. Its id is far above the metadata store's ids (they count up
+    from 1): a clash would be refused (another master key: EUA), never mixed with a ledger of
+    the client library. The bench clusters' GC waits an hour, so it is not collected."""
+
+    def __init__(self, password: bytes) -> None:
+        self.ledger_id = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")
+        self.digest, self.master_key = make_digest("crc32c", password), master_key(password)
+
+    def add_frames(self, entry_id: int, lac: int, payload: bytes) -> list[Any]:
+        """The AddRequest of one entry, built (header, digest) as the client library builds
+        it; entry e goes out as request e + 1."""
+        return encode(w.AddRequest(rid=entry_id + 1, ledger_id=self.ledger_id, master_key=self.master_key,
+                                   flags=w.AddFlag(0),
+                                   entries=[build_entry(self.ledger_id, entry_id, lac, payload, self.digest)]))
 
 
 @dataclass

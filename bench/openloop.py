@@ -315,6 +315,11 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ladder_systems(lad: dict[str, Any]) -> list[str]:
+    """The systems a ladder report holds, the floors after the two systems."""
+    return [s for s in (*SYSTEMS, *FLOORS) if s in lad]
+
+
 def row(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['rate']:>8,}  run failed: {r['error'].splitlines()[-1] if r['error'] else '?'}"
@@ -346,7 +351,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"generator ceiling: {report['gen_ceiling']}")
     lad = report.get("ladder")
     if lad:
-        for s in (s for s in (*SYSTEMS, *FLOORS) if s in lad):
+        for s in ladder_systems(lad):
             print(f"\n== ladder: {s} (highest held {fmt_opt(lad['highest_held'][s], ',')}) ==")
             print(HEADER)
             for r in lad[s]:
@@ -404,7 +409,7 @@ def plot(report: dict[str, Any], path: str) -> None:
              SERVER_FLOOR: "floor servers, no client library"}
     styles = {"p50_ms": ("p50", "-", "o"), "p99_ms": ("p99", "--", "s"), "p999_ms": ("p99.9", "-.", "^"),
               "max_ms": ("max", ":", "D")}
-    for s in (s for s in (*SYSTEMS, *FLOORS) if s in lad):
+    for s in ladder_systems(lad):
         runs = [r for r in lad[s] if "error" not in r]
         if not runs:
             continue

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _procs import (  # noqa: E402
     NatsCluster,
+    RawLedger,
     ZbkCluster,
     cpu_seconds,
     git_rev,
@@ -91,39 +92,32 @@ def zbk_worker(args: argparse.Namespace) -> dict[str, Any]:
 def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One entry at a time to the three bookies (``--servers``, their ids), each confirmed by
     two EOK answers: E3 WQ3 AQ2 through the raw protocol with nothing else in the client.
-    Every entry is built (header, digest) in the loop, as the client library builds it. The
-    ledger has no metadata; the bench cluster's GC waits an hour, so it is not collected."""
+    Every entry is built (header, digest) in the loop, as the client library builds it, on a
+    ledger without metadata (RawLedger)."""
     import itertools
 
     import zmq
 
-    from zbk.client.digest import make_digest, master_key
     from zbk.client.raw import BookieConnection
-    from zbk.wire import messages as w
-    from zbk.wire.codec import decode_response, encode
-    from zbk.wire.entry import build_entry
+    from zbk.wire.codec import decode_response
 
     ack_quorum = 2
     bookies = args.servers.split(",")
-    # A raw ledger far above the metadata store's ids (they count up from 1); a clash would
-    # be refused (another master key: EUA), never mixed with a ledger of the client library.
-    lid = (os.getpid() << 16) | int.from_bytes(os.urandom(2), "little")
-    dg, mk = make_digest("crc32c", b"zbk-floor"), master_key(b"zbk-floor")
+    ledger = RawLedger(b"zbk-floor")
     payload = os.urandom(args.size)
     ctx = zmq.Context()
     conns = [BookieConnection(b, ctx=ctx) for b in bookies]
     poller = zmq.Poller()
     for c in conns:
         poller.register(c.sock, zmq.POLLIN)
-    entry_ids = itertools.count()  # entry e goes out as request e + 1
+    entry_ids = itertools.count()
     events_opt, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
 
     def add_one() -> float:
         eid = next(entry_ids)
-        rid = eid + 1
+        rid = eid + 1  # as RawLedger.add_frames numbers its requests
         started = time.perf_counter()
-        frames = encode(w.AddRequest(rid=rid, ledger_id=lid, master_key=mk, flags=w.AddFlag(0),
-                                     entries=[build_entry(lid, eid, eid - 1, payload, dg)]))
+        frames = ledger.add_frames(eid, eid - 1, payload)
         for c in conns:
             c.send_frames(frames)
         acks = 0
