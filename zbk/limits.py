@@ -222,6 +222,12 @@ client_pending_adds_max = 100_000  # appends in flight per writer: bounds its me
 # protocol's 4,096 so that a writer with many appends in flight keeps several requests in
 # flight per bookie: the bookie stores one while the client builds the next.
 client_add_request_entries_default = 500
+# Batches of one writer's new entries unconfirmed at once (ClientConfig.add_batches_in_flight_max):
+# appends made while that many are out go together in the next batch, as a Kafka producer's
+# max.in.flight.requests holds records back. An idle writer sends each append at once; a
+# busy one sends fewer, larger requests, and every bookie wakes its actors once per batch
+# instead of once per entry. 2: one batch is built and sent while the other is stored.
+client_add_batches_in_flight_default = 2
 client_ensemble_change_attempts_max = 10  # ensemble changes without progress before an add fails
 # A bookie that stays silent this long (a partition, a paused process) counts as failed: its
 # connection is closed and the writers on it change ensembles (ZMTP heartbeats, transport.py).

@@ -36,9 +36,11 @@ class AddDispatcher:
     per ledger otherwise (split at the request limits). So 10,000 ledgers written at once
     make a few large requests per turn rather than one tiny request per ledger and entry.
     Requests go out through the transport's callback path: no task, future or timer wheel
-    entry per request beyond one timeout handle. Requests to a bookie are never held back by
-    earlier ones still in flight (pipelining); a handle's entries still confirm in order,
-    since confirmation needs every earlier entry confirmed (LedgerHandle._advance).
+    entry per request beyond one timeout handle. Requests are pipelined: a handle sends a
+    new batch while up to ``add_batches_in_flight_max`` earlier ones are unconfirmed, and
+    past that its new entries wait to go out together (LedgerHandle._may_send_batch); a
+    handle's entries still confirm in order, since confirmation needs every earlier entry
+    confirmed (LedgerHandle._advance).
 
     Bookies are numbered per client (``bit``): entries track the bookies they were sent to
     and acknowledged by as bit masks.

@@ -52,7 +52,7 @@ class LedgerHandle(ReadHandle):
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
                  "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
                  "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event",
-                 "lac_sent", "_explicit", "_rechecking")
+                 "lac_sent", "_explicit", "_rechecking", "_batches", "_batches_max")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:
@@ -107,6 +107,10 @@ class LedgerHandle(ReadHandle):
         self.lac_sent = -1
         self._explicit = None if self.recovery else ctx.explicit_lac
         self._rechecking: asyncio.Future[None] | None = None  # _recheck's look at the metadata, while under way
+        # The last entry of each batch of new entries sent and not yet confirmed, oldest first
+        # (see _may_send_batch). A tuple of ints, which the cyclic GC does not track.
+        self._batches: tuple[int, ...] = ()
+        self._batches_max = ctx.config.add_batches_in_flight_max
 
     # -- appending ----------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future[int]:
@@ -225,6 +229,10 @@ class LedgerHandle(ReadHandle):
         if self._changing or self.failed is not None:
             return  # the change ends with _schedule_flush(): everything is looked at then
         adds: Any = self._unsent
+        if self._batches_max and not self._rescan and adds:
+            if not self._may_send_batch():
+                return  # they wait in _unsent; _advance wakes the dispatcher when a batch is confirmed
+            self._batches += (adds[-1].entry_id,)
         if self._rescan:
             self._rescan = False
             adds.clear()
@@ -271,6 +279,17 @@ class LedgerHandle(ReadHandle):
             if batch is None:
                 batch = out[b] = Batch()
             batch.add(self, lst)
+
+    def _may_send_batch(self) -> bool:
+        """Whether fewer than ``add_batches_in_flight_max`` batches of new entries are sent
+        and unconfirmed. Otherwise new appends wait, and go out together once one is
+        confirmed: a busy writer makes one request per batch rather than one per entry, and
+        a bookie's actors hand over one message per batch (docs/performance.md, "Fixed
+        rates"). A writer with nothing unconfirmed sends each append at once."""
+        batches, confirmed = self._batches, self.last_confirmed
+        if batches and batches[0] <= confirmed:
+            batches = self._batches = tuple(b for b in batches if b > confirmed)
+        return len(batches) < self._batches_max
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -347,6 +366,8 @@ class LedgerHandle(ReadHandle):
                 self._explicit.note(self)
         if latencies is None:
             cm.ADD_ENTRY_SECONDS.observe_many(lat)
+        if self._unsent and self._batches_max and self._may_send_batch():
+            self._dispatcher.wake(self)  # appends held back by _collect
         if not pending:
             self._drained()
 

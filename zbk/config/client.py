@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zbk import limits
-from zbk.config.checks import positive
+from zbk.config.checks import non_negative, positive
 from zbk.errors import ConfigError
 
 
@@ -29,6 +29,10 @@ class ClientConfig:
         pending_adds_max: Appends of one ledger that may be unconfirmed at once; one more
             raises `TooManyRequestsError` (backpressure, and a bound on memory).
         add_request_entries_max: Entries per add request to a bookie (1 to 4,096).
+        add_batches_in_flight_max: Batches of a ledger's new entries that may be sent and
+            unconfirmed at once; appends made meanwhile wait and go out together in the next
+            batch, so a busy writer makes fewer, larger requests. 0: no limit, every
+            append is sent at once.
         ensemble_change_attempts_max: Ensemble changes a writer makes without confirming
             an entry before it fails with `NotEnoughBookiesError`.
         bookie_heartbeat_timeout_ms: A bookie whose connection stays silent this many
@@ -55,6 +59,7 @@ class ClientConfig:
     speculative_read_ms: int = limits.client_speculative_read_ms_default
     pending_adds_max: int = limits.client_pending_adds_max
     add_request_entries_max: int = limits.client_add_request_entries_default
+    add_batches_in_flight_max: int = limits.client_add_batches_in_flight_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
     bookie_heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
     # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/contributors.md.
@@ -85,6 +90,7 @@ class ClientConfig:
         positive("pending_adds_max", self.pending_adds_max)
         if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
             raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
+        non_negative("add_batches_in_flight_max", self.add_batches_in_flight_max)
         positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
         if not 0 <= self.bookie_heartbeat_timeout_ms <= limits.client_heartbeat_timeout_ms_max:
             raise ConfigError(f"bookie_heartbeat_timeout_ms must be in [0, {limits.client_heartbeat_timeout_ms_max}]")

@@ -37,6 +37,7 @@ UNIT_NAMES: dict[str, str] = {
     "files_open_max": "files",
     "pending_adds_max": "appends",
     "add_request_entries_max": "entries",
+    "add_batches_in_flight_max": "batches",
     "ensemble_change_attempts_max": "ensemble changes",
     "replicator_workers": "ledgers",
     "min_racks_per_write_quorum": "racks",
