@@ -123,11 +123,15 @@ class NoopTarget:
 class ZbkTarget:
     """One ledger, E3 WQ3 AQ2, appended to with AsyncBookKeeper's ``append``."""
 
-    def __init__(self, metadata: str, explicit_lac_ms: int) -> None:
+    def __init__(self, metadata: str, explicit_lac_ms: int, settings: dict[str, Any] | None = None) -> None:
+        import dataclasses
+
         from zbk.client.bookkeeper import AsyncBookKeeper
+        from zbk.config.client import ClientConfig
 
         self.metadata = metadata
-        self.bk = AsyncBookKeeper(metadata, explicit_lac_interval_ms=explicit_lac_ms)
+        config = dataclasses.replace(ClientConfig(explicit_lac_interval_ms=explicit_lac_ms), **(settings or {}))
+        self.bk = AsyncBookKeeper(metadata, config=config.validate())
 
     async def start(self) -> None:
         await self.bk.start()
@@ -327,7 +331,8 @@ def make_target(args: argparse.Namespace) -> Any:
     if args.worker == "noop":
         return NoopTarget()
     if args.worker == "zbk":
-        return ZbkTarget(args.metadata, args.explicit_lac_ms)
+        settings = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.client_set)}
+        return ZbkTarget(args.metadata, args.explicit_lac_ms, settings)
     if args.worker in ("zbk-floor", "server-floor"):
         return FloorTarget(args.servers)
     return NatsTarget(args.servers)

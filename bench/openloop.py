@@ -106,6 +106,7 @@ def writer_argv(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluste
             "--warmup", str(args.warmup), "--size", str(args.size), "--drain", str(args.drain),
             "--explicit-lac-ms", str(args.explicit_lac_ms)]
     if system == "zbk":
+        argv += [f"--client-set={kv}" for kv in args.client_set]
         assert zbk is not None
         argv += ["--metadata", zbk.metadata, "--server-pids", ",".join(str(b.pid) for b in zbk.bookies)]
     elif system == FLOOR:
@@ -487,6 +488,8 @@ def parse_args() -> argparse.Namespace:
                     help="seconds between drops of the bookies' entry-log pages from the page cache in the rw "
                          "runs, so that the readers read from the disk (0: never)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
+    ap.add_argument("--client-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="the zbk writers' ClientConfig field (an integer), e.g. add_batches_in_flight_max=0")
     ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
                     help="spread: each NATS server on one CPU of its own, round-robin (as zbk's --set actor_cpus=spread)")
     ap.add_argument("--json-out", metavar="FILE", help="write every figure here")
@@ -542,7 +545,8 @@ def main() -> int:
     settings = dict(s.split("=", 1) for s in args.set)
     started = time.time()
     report: dict[str, Any] = {"bench": "openloop", "git": git_rev(), "cpus": os.cpu_count(), "load_start": loadavg(),
-                              "args": {k: v for k, v in vars(args).items() if v is not None}, "zbk_settings": settings}
+                              "args": {k: v for k, v in vars(args).items() if v is not None}, "zbk_settings": settings,
+                              "client_settings": dict(s.split("=", 1) for s in args.client_set)}
     if "gen" in phases:
         print("== generator against a no-op append ==", flush=True)
         report["gen"] = phase_gen(args)
