@@ -124,14 +124,10 @@ class ZbkTarget:
     """One ledger, E3 WQ3 AQ2, appended to with AsyncBookKeeper's ``append``."""
 
     def __init__(self, metadata: str, explicit_lac_ms: int, settings: dict[str, Any] | None = None) -> None:
-        import dataclasses
-
         from zbk.client.bookkeeper import AsyncBookKeeper
-        from zbk.config.client import ClientConfig
 
         self.metadata = metadata
-        config = dataclasses.replace(ClientConfig(explicit_lac_interval_ms=explicit_lac_ms), **(settings or {}))
-        self.bk = AsyncBookKeeper(metadata, config=config.validate())
+        self.bk = AsyncBookKeeper(metadata, explicit_lac_interval_ms=explicit_lac_ms, **(settings or {}))
 
     async def start(self) -> None:
         await self.bk.start()

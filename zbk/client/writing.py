@@ -286,12 +286,10 @@ class LedgerHandle(ReadHandle):
         confirmed: a busy writer makes one request per batch rather than one per entry, and
         a bookie's actors hand over one message per batch (docs/performance.md, "Fixed
         rates"). A writer with nothing unconfirmed sends each append at once."""
-        batches = self._batches
-        if batches and batches[0] <= self.last_confirmed:
-            confirmed = self.last_confirmed
-            while batches and batches[0] <= confirmed:
-                batches = batches[1:]
-            self._batches = batches
+        batches, confirmed = self._batches, self.last_confirmed
+        while batches and batches[0] <= confirmed:
+            batches = batches[1:]
+        self._batches = batches
         return len(batches) < self._batches_max
 
     def _spawn(self, coro: Any) -> None:
