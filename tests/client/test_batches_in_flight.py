@@ -9,6 +9,10 @@ a run).
 * A writer whose earlier appends are all confirmed sends each append at once, alone: an
   idle writer's latency is not traded for batching.
 * With the limit at 0 every append goes out at once, in a request of its own.
+* A batch that waited carries the LAC its writer had when it went out, not the one it had
+  when the entries were appended: a bookie learns the LAC from the adds, and a tailing
+  reader's long poll is answered by that batch rather than by a later one. Every copy of
+  an entry is the same blob, digest-checked by readers.
 * A bookie failing while appends are held back: the ensemble change sends them with the
   rest, and nothing waits for a batch that will never be confirmed.
 """
@@ -21,6 +25,7 @@ from typing import Any
 from zbk.client.handles import LedgerHandle
 from zbk.config.client import ClientConfig
 from zbk.wire import messages as w
+from zbk.wire.entry import parse_entry, peek_entry_header
 from zbk.wire.status import Status
 
 from . import sim
@@ -97,6 +102,47 @@ def test_without_a_limit_every_append_is_its_own_request() -> None:
     sizes, in_flight = _run_at_a_rate(0)
     assert sizes == [1] * 100
     assert in_flight >= 9, in_flight
+
+
+def test_a_batch_that_waited_carries_the_lac_confirmed_meanwhile() -> None:
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        writer = c.client("writer")
+        lh: LedgerHandle = await writer.create_ledger(3, 3, 3, password=PW)
+        carried: list[tuple[int, int, list[bytes]]] = []  # (the writer's LAC at the send, first entry, blobs)
+        transport = lh.ctx.transport
+        inner = transport.send
+
+        def send(bookie: str, msg: Any, timeout_s: float, callback: Any) -> None:
+            if isinstance(msg, w.AddRequest) and bookie == lh.md.last_ensemble[0]:
+                carried.append((lh.lac, peek_entry_header(msg.entries[0])[1], [bytes(b) for b in msg.entries]))
+            inner(bookie, msg, timeout_s, callback)
+
+        transport.send = send  # type: ignore[method-assign]
+        _slow_answers(c, 0.010)
+        log, order = WriteLog(), list[int]()
+        await _append_at_a_rate(lh, log, order, 100, 0.001)
+        await log.settle()
+        assert not log.failed and order == list(range(100))
+        waited = 0
+        for lac, first, blobs in carried:
+            lacs = [peek_entry_header(b)[2] for b in blobs]
+            assert max(lacs) == lac, (first, lacs, lac)  # the LAC at the send, on its last entry
+            waited += lacs[0] < lac
+            for i, b in enumerate(blobs):  # each entry intact under the ledger's digest
+                assert parse_entry(b, lh.digest, ledger_id=lh.ledger_id, entry_id=first + i).payload.tobytes() == \
+                    f"{lh.ledger_id}/{first + i}".encode()
+        assert waited >= 5, carried  # batches that waited while their writer's LAC moved on
+        # Every bookie got the same copy of each entry.
+        held = [c.bookie(b).entries(lh.ledger_id) for b in lh.md.last_ensemble]
+        assert all(sorted(h) == list(range(100)) for h in held)
+        assert all(bytes(held[0][eid]) == bytes(h[eid]) for h in held[1:] for eid in range(100))
+        await lh.close()
+        assert await check_persistence(c, lh.ledger_id, PW, log) == []
+
+    sim.run(scenario())
 
 
 def test_an_idle_writer_sends_each_append_at_once_and_alone() -> None:

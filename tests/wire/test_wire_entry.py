@@ -22,6 +22,7 @@ from zbk.wire.entry import (
     build_entry,
     parse_entry,
     peek_entry_header,
+    with_lac,
 )
 from zbk.wire.errors import FrameError
 from zbk.wire.messages import MASTER_KEY_BYTES
@@ -44,6 +45,18 @@ def entry_fields(draw: st.DrawFn) -> tuple[int, int, int, bytes]:
         draw(st.integers(-1, entry_id - 1)),
         draw(st.binary(max_size=300)),
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(entry_fields(), st.sampled_from(DIGEST_KINDS), st.data())
+def test_with_lac_is_the_entry_built_with_that_lac(fields: tuple[int, int, int, bytes], kind: str,
+                                                    data: st.DataObject) -> None:
+    ledger_id, entry_id, lac, payload = fields
+    digest = make_digest(kind, b"secret")
+    total = data.draw(st.integers(len(payload), I64_MAX))
+    newer = data.draw(st.integers(-1, entry_id - 1))
+    blob = build_entry(ledger_id, entry_id, lac, payload, digest, ledger_length=total)
+    assert with_lac(blob, newer, digest) == build_entry(ledger_id, entry_id, newer, payload, digest, ledger_length=total)
 
 
 @settings(max_examples=200, deadline=None)

@@ -30,7 +30,7 @@ from zbk.errors import (
 )
 from zbk.metadata.ledger import LedgerMetadata
 from zbk.wire import messages as w
-from zbk.wire.entry import build_entry
+from zbk.wire.entry import build_entry, with_lac
 from zbk.wire.ops import AddFlag
 from zbk.wire.status import Status
 
@@ -233,6 +233,13 @@ class LedgerHandle(ReadHandle):
             if not self._may_send_batch():
                 return  # they wait in _unsent; _advance wakes the dispatcher when a batch is confirmed
             self._batches += (adds[-1].entry_id,)
+            if self.lac > self.lac_sent and not self.recovery:
+                # The batch's last entry carries the LAC confirmed while it waited: a bookie
+                # raises its LAC to the highest an add brings, and a tailing reader's long
+                # poll is answered by this add rather than by one appended after it.
+                last = adds[-1]
+                last.blob = with_lac(last.blob, self.lac, self.digest)
+                self.lac_sent = self.lac
         if self._rescan:
             self._rescan = False
             adds.clear()

@@ -99,6 +99,15 @@ def build_entry(ledger_id: int, entry_id: int, lac: int, payload: Blob, digest: 
     return b"".join((header, code, payload))
 
 
+def with_lac(blob: bytes, lac: int, digest: EntryDigest) -> bytes:
+    """The entry ``blob`` (built with ``digest``) carrying ``lac`` instead, its digest
+    computed again: a writer gives an entry that waited to be sent the LAC it has by then."""
+    _, _, ledger_id, entry_id, _, total, size = _HEADER.unpack_from(blob)
+    payload = memoryview(blob)[_HEADER.size + digest.size:]
+    assert payload.nbytes == size, (payload.nbytes, size)
+    return build_entry(ledger_id, entry_id, lac, payload, digest, ledger_length=total)
+
+
 def check_structure(blob: Blob) -> tuple[int, int, int, int, int, int] | str:
     """(digest type, ledger id, entry id, lac, digest size, ledger length) of a well-formed
     blob, else why not.
