@@ -42,6 +42,12 @@ server_pending_add_bytes_max = 256 * 1024 * 1024  # entry bytes of unacknowledge
 server_held_adds_max = 1024  # requests
 server_held_add_bytes_max = 64 * 1024 * 1024  # entry bytes of the held requests
 server_held_index_entries_max = 4096  # index updates the Server holds before sending them (server.py)
+# The newest entries of long-polled ledgers, which the Server answers long polls from
+# (zbk/actors/tailcache.py): per ledger, more than a fast writer's two batches in flight; in
+# all, a bound on the memory; kept this long after a ledger's last poll ends.
+server_tail_entries_max = 1024
+server_tail_bytes_max = 32 * 1024 * 1024
+server_tail_idle_s = 10.0
 server_admin_answer_wait_s = 5.0  # an admin HTTP handler waits this long for the Server's answer (bookie/admin.py)
 # Master keys are 32 bytes and most bookies see a handful of passwords: the Server keeps one
 # shared copy of each (not one per ledger), up to this many, 2 MiB of keys at most.

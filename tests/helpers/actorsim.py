@@ -483,9 +483,10 @@ class BookieCores:
         return any(j.pending for j in self.journals) or any(self.pipes.values()) or bool(self.entrylogger.reads)
 
     # -- ticks ------------------------------------------------------------------------------
-    # The Server ticks every 50 ms, and ServerCore.on_tick does two things only: send the
-    # index updates it holds, and answer the long polls whose deadline passed. With neither
-    # held nor waiting (``server_has_tick_work`` false) its tick changes nothing, so it is
+    # The Server ticks every 50 ms, and ServerCore.on_tick does three things only: send the
+    # index updates it holds, answer the long polls whose deadline passed, and forget the
+    # newest entries of ledgers no longer polled. With none held, waiting or kept
+    # (``server_has_tick_work`` false) its tick changes nothing, so it is
     # not scheduled: a run of such ticks is most of a run's events, and leaving them out
     # changes no core's state. Its ticks keep their grid (its last tick + k * 50 ms):
     # :meth:`_server_may_have_work` runs after every delivery and request (the only ways the
@@ -494,7 +495,7 @@ class BookieCores:
     def server_has_tick_work(self) -> bool:
         """Whether the Server's tick would do anything now (see above)."""
         s = self.server
-        return bool(s.held_puts) or bool(s.polling)
+        return bool(s.held_puts) or bool(s.polling) or bool(s.tail)
 
     def _server_may_have_work(self, now: float) -> None:
         at = self.next_tick["server"]

@@ -245,8 +245,10 @@ class ServerCore(ServerAdds):
 
     def on_tick(self, now: float) -> None:
         """Send the held index updates; expire long polls: answer them with the current LAC
-        and no entries."""
+        and no entries; forget the newest entries of ledgers no longer polled."""
         self.send_held_puts()
+        if self.tail:
+            self.tail.expire(now)
         for lid in list(self.polling):
             state = self.ledgers[lid]
             keep = []
@@ -289,6 +291,7 @@ class ServerCore(ServerAdds):
                 for wt in state.waiters or ():  # long polls on a deleted ledger end now
                     self._finish_read(wt.ident, wt.req, Status.ENOLEDGER, [], wt.started, now)
                 self.polling.discard(lid)
+            self.tail.drop(lid)
             dropped.append(lid)
         self._publish_counts()
         return dropped

@@ -123,8 +123,11 @@ class ServerAdds(ServerReads):
             syncs += self._journal_meta(batch, meta)
             need_sync = True
         self.add_bytes += nbytes
-        self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
-                                      syncs=syncs, parts=accepted, statuses=statuses)
+        p = self.adds[batch] = PendingAdd(ident, req.rid, -1, eids, -1, now, need_sync, nbytes,
+                                          syncs=syncs, parts=accepted, statuses=statuses)
+        tail = self.tail
+        if tail:
+            p.tail = [row for row in zip(lids, eids, blobs, strict=True) if row[0] in tail] or None
         unappended = self.unappended
         for lid in set(lids):
             unappended.setdefault(lid, {})[batch] = None
@@ -182,11 +185,14 @@ class ServerAdds(ServerReads):
             need_sync = True
         nbytes = _blob_bytes(req)
         self.add_bytes += nbytes
-        self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
-                                      syncs=syncs)
+        blobs = [bytes(b) for b in req.entries]
+        p = self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
+                                          syncs=syncs)
+        if lid in self.tail:
+            p.tail = [(lid, eid, blob) for eid, blob in zip(entry_ids, blobs, strict=True)]
         self.unappended.setdefault(lid, {})[batch] = None
-        self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids,
-                                                  [bytes(b) for b in req.entries], self.journal_write_data))
+        self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids, blobs,
+                                                  self.journal_write_data))
 
     def _on_appended(self, msg: Appended, now: float) -> None:
         p = self.adds.get(msg.batch_id)
@@ -200,6 +206,10 @@ class ServerAdds(ServerReads):
                 p.failed = Status.EREADONLY
         else:
             self._hold_put(msg)
+            if p.tail is not None:
+                put = self.tail.put
+                for lid, eid, blob in p.tail:
+                    put(lid, eid, blob)
             self._raise_lacs(p, now)
         p.appended = True
         self._maybe_complete_add(msg.batch_id, p, now)

@@ -25,6 +25,7 @@ from zbk.actors.messages import (
     IndexPut,
     JournalMeta,
 )
+from zbk.actors.tailcache import TailCache
 from zbk.metrics import bookie as m
 from zbk.storage.journal import RecordType
 from zbk.wire import messages as w
@@ -82,6 +83,9 @@ class PendingAdd:
     # are EOK until the request completes). None for ADD_ENTRY.
     parts: list[tuple[int, int, int | list[int], int]] | None = None
     statuses: bytearray | None = None
+    # The entries of long-polled ledgers, (ledger id, entry id, blob), for the tail cache
+    # once they are appended; None when no ledger of the add is polled.
+    tail: list[tuple[int, int, bytes]] | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +147,7 @@ class ServerBase:
         self.fenced_waiting = 0  # reads in fenced_reads, over all ledgers
         self.disk_usage = (0, 0)
         self.polling: set[int] = set()  # ledgers with long-poll waiters
+        self.tail = TailCache(entries_max=limits.server_tail_entries_max, bytes_max=limits.server_tail_bytes_max)
         self.pending_requests_max = pending_requests_max
         self.pending_add_bytes_max = pending_add_bytes_max
         self.long_polls = 0  # waiters over all ledgers

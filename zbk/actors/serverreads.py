@@ -72,14 +72,17 @@ class ServerReads(ServerBase):
         elif self._key_refused(ident, req):
             return
         state = self.ledgers.get(req.ledger_id)
-        if req.flags & w.ReadFlag.LONG_POLL and state is not None and state.lac <= req.previous_lac:
+        if req.flags & w.ReadFlag.LONG_POLL and state is not None:
             timeout = min(req.timeout_ms, limits.long_poll_timeout_ms_max) / 1000.0
-            if state.waiters is None:
-                state.waiters = []
-            state.waiters.append(LongPoll(ident, req, now + timeout, now))
-            self.long_polls += 1
-            self.polling.add(req.ledger_id)
-            return
+            # A followed ledger: keep its newest entries to answer the next polls with.
+            self.tail.watch(req.ledger_id, now + timeout + limits.server_tail_idle_s)
+            if state.lac <= req.previous_lac:
+                if state.waiters is None:
+                    state.waiters = []
+                state.waiters.append(LongPoll(ident, req, now + timeout, now))
+                self.long_polls += 1
+                self.polling.add(req.ledger_id)
+                return
         self._start_read(ident, req, now)
 
     def _start_read(self, ident: bytes, req: w.ReadRequest, started: float) -> None:
@@ -108,6 +111,11 @@ class ServerReads(ServerBase):
             if count == 0:
                 self._reply_read(ident, req, [], lid_known=state is not None, started=started)
                 return
+            if lid in self.tail:
+                blobs = self.tail.take(lid, first, count, limits.read_response_bytes_max)
+                if blobs:
+                    self._reply_read(ident, req, blobs, lid_known=True, started=started)
+                    return
         if state is None:
             # Never seen: an explicit negative, unless we can not be sure (no limbo state
             # can exist for an unknown ledger: phase one creates the state of every ledger).
