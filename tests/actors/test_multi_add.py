@@ -331,10 +331,11 @@ def test_one_entry_parts_of_known_ledgers_are_checked_as_add_entry_checks_them(m
 
 def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it():
     """A long poll on ledger 1 waits for a LAC above 0; a MULTI_ADD whose part carries LAC 1
-    (entry 3) starts its read once appended, before its own fsync (that LAC is the writer's,
-    acknowledged by a quorum already), and one carrying LAC 0 does not. Entry 1 came before
-    the ledger was first polled, so the Server does not hold it (zbk/actors/tailcache.py):
-    the read is a lookup by the IndexSyncer."""
+    (entry 3) starts its read once admitted, since every earlier add of the ledger is
+    appended, before its own append and fsync (that LAC is the writer's, acknowledged by a
+    quorum already), and one carrying LAC 0 does not. Entry 1 came before the ledger was
+    first polled, so the Server does not hold it (zbk/actors/tailcache.py): the read is a
+    lookup by the IndexSyncer."""
     from zbk.actors.messages import Lookup
     from zbk.wire.ops import ReadFlag
 
@@ -344,10 +345,11 @@ def test_a_multi_add_that_advances_the_lac_answers_the_long_polls_waiting_for_it
     def add(eid: int, lac: int, woken: bool) -> None:
         one = w.AddRequest(rid=0, ledger_id=1, master_key=KEY, flags=PLAIN, entries=[blob(1, eid, lac)])
         multi(core, [one, part(4, range(eid, eid + 1))])
-        ab = out.take("entrylogger", AppendBatch)[0]
-        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
         assert [lk.ledger_id for lk in out.take("index", Lookup)] == ([1] if woken else [])
         assert core.long_polls == (0 if woken else 1)
+        ab = out.take("entrylogger", AppendBatch)[0]
+        core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [1, 2]), 0.0)
+        assert out.take("index", Lookup) == []
         core.on_message(Synced([ab.batch_id, ab.batch_id]), 0.0)
         assert out.take("index", Lookup) == []
 

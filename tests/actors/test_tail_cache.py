@@ -95,6 +95,33 @@ def test_a_woken_long_poll_is_answered_from_memory_with_every_entry_up_to_the_la
     assert b.lookups() == [] and b.core.long_polls == 0
 
 
+def test_the_lac_an_add_carries_counts_once_every_earlier_add_of_its_ledger_is_appended() -> None:
+    b = Bookie()
+    b.add(0, -1)
+    b.add(1, 0)
+    b.poll(1)
+    # Entry 3 carries LAC 2 while entry 2 is still on its way to the entry log: the LAC
+    # waits for entry 3's own append (after entry 2's), so the poll's answer has entry 2.
+    for eid in (2, 3):
+        b.rid += 1
+        b.core.on_request(b"writer", encode(w.AddRequest(rid=b.rid, ledger_id=LID, master_key=KEY, flags=AddFlag(0),
+                                                         entries=[blob(eid, eid - 1)])), 0.0)
+    first, second = b.out.take("entrylogger", AppendBatch)
+    assert b.core.ledgers[LID].lac == 1 and b.reads() == []
+    for ab in (first, second):
+        b.core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [0]), 0.0)
+    (resp,) = b.reads()
+    assert resp.first_entry_id == 2 and [bytes(e) for e in resp.entries] == [blob(2, 1)] and resp.lac == 2
+    # With every earlier add appended, the next add's LAC counts as soon as it is admitted.
+    b.poll(2)
+    b.rid += 1
+    b.core.on_request(b"writer", encode(w.AddRequest(rid=b.rid, ledger_id=LID, master_key=KEY, flags=AddFlag(0),
+                                                     entries=[blob(4, 3)])), 0.0)
+    (resp,) = b.reads()
+    assert resp.first_entry_id == 3 and [bytes(e) for e in resp.entries] == [blob(3, 2)] and resp.lac == 3
+    assert b.lookups() == []
+
+
 def test_an_entry_whose_append_failed_is_not_answered_from_memory() -> None:
     b = Bookie()
     b.add(0, -1)
