@@ -210,3 +210,27 @@ def test_a_watch_is_extended_by_each_poll_and_ends_after_the_last() -> None:
     assert 1 in c and len(c) == 1
     c.expire(5.0)
     assert 1 not in c and not c and c.nbytes == 0
+
+
+def test_each_ledger_is_forgotten_at_its_own_end_however_the_watches_interleave() -> None:
+    c = TailCache(entries_max=3, bytes_max=1000)
+    c.watch(1, until=5.0)
+    c.watch(2, until=8.0)
+    c.watch(1, until=9.0)  # extended past ledger 2's end
+    c.watch(3, until=2.0)
+    c.expire(2.0)
+    assert (1 in c, 2 in c, 3 in c) == (True, True, False)
+    c.expire(7.9)
+    assert (1 in c, 2 in c) == (True, True)
+    c.expire(8.0)
+    assert (1 in c, 2 in c) == (True, False)
+    c.watch(4, until=8.5)
+    c.expire(8.5)
+    assert (1 in c, 4 in c) == (True, False)
+    c.expire(9.0)
+    assert not c
+    c.watch(5, until=20.0)
+    c.expire(19.0)
+    assert 5 in c
+    c.expire(20.0)
+    assert not c

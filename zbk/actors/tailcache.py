@@ -34,6 +34,9 @@ class TailCache:
     bytes_max: int  # in all
     nbytes: int = 0
     _tails: dict[int, _Tail] = field(default_factory=dict)
+    # No ledger's watch ends before this: the Server's tick (every 50 ms) looks at every
+    # watched ledger only once one may have ended, not at each tick.
+    _due: float = float("inf")
 
     def __contains__(self, ledger_id: int) -> bool:
         return ledger_id in self._tails
@@ -49,6 +52,8 @@ class TailCache:
         t = self._tails.get(ledger_id)
         if t is None:
             self._tails[ledger_id] = _Tail(until)
+            if until < self._due:
+                self._due = until
         elif until > t.until:
             t.until = until
 
@@ -101,8 +106,11 @@ class TailCache:
 
     def expire(self, now: float) -> None:
         """Forget the ledgers no poll asked for in time."""
+        if now < self._due:
+            return
         for lid in [lid for lid, t in self._tails.items() if t.until <= now]:
             self.drop(lid)
+        self._due = min((t.until for t in self._tails.values()), default=float("inf"))
 
     def _empty(self, t: _Tail) -> None:
         self.nbytes -= t.nbytes
