@@ -128,12 +128,8 @@ class ServerAdds(ServerReads):
         tail = self.tail
         if tail:
             p.tail = [row for row in zip(lids, eids, blobs, strict=True) if row[0] in tail] or None
-        unappended, ledgers = self.unappended, self.ledgers
-        for _, lid, _, max_lac in accepted:  # _raise_lac, inline: once per part
-            if lid not in unappended:
-                state = ledgers.get(lid)
-                if state is not None and max_lac > state.lac:
-                    self._advance_lac(lid, state, max_lac, now)
+        unappended = self.unappended
+        self._raise_lacs(p, now, behind=unappended)
         for lid in set(lids):
             unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, lids, eids, blobs, self.journal_write_data))
@@ -195,8 +191,7 @@ class ServerAdds(ServerReads):
                                           syncs=syncs)
         if lid in self.tail:
             p.tail = [(lid, eid, blob) for eid, blob in zip(entry_ids, blobs, strict=True)]
-        if lid not in self.unappended:
-            self._raise_lac(lid, max_lac, now)
+        self._raise_lacs(p, now, behind=self.unappended)
         self.unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids, blobs,
                                                   self.journal_write_data))
@@ -229,10 +224,11 @@ class ServerAdds(ServerReads):
             if lid in fenced_reads:
                 self._start_fenced_reads(lid)
 
-    def _raise_lac(self, lid: int, lac: int, now: float) -> None:
-        """Raise ledger ``lid``'s LAC to ``lac``, one an add carries, once every add of the
-        ledger admitted before that add is appended: when it is admitted if they all are
-        (the common case), else when it is appended (_raise_lacs).
+    def _raise_lacs(self, p: PendingAdd, now: float, behind: dict[int, Any] | None = None) -> None:
+        """Raise each ledger's LAC to the one the add's entries carry, once every add of the
+        ledger admitted before it is appended: when the add is admitted if they all are (the
+        common case: called then with ``behind``, the ledgers with an add still on its way
+        to the entry log, which are left out), else when it is appended.
 
         That LAC is the writer's: every entry up to it was acknowledged by an ack quorum
         already, so it waits neither for this add's own append nor for its fsync, and a
@@ -240,19 +236,16 @@ class ServerAdds(ServerReads):
         this bookie holds came before this add on the writer's connection, so they are
         appended, and a read finds them (reads go behind the held index updates); one it
         lacks, the reader takes from another replica."""
-        state = self.ledgers.get(lid)
-        if state is not None and lac > state.lac:
-            self._advance_lac(lid, state, lac, now)
-
-    def _raise_lacs(self, p: PendingAdd, now: float) -> None:
-        """_raise_lac for the ledgers of an add now appended (see there)."""
-        if p.parts is None:
-            self._raise_lac(p.ledger_id, p.max_lac, now)
-            return
         ledgers = self.ledgers
-        for _, lid, _, max_lac in p.parts:  # inline: once per part
+        if p.parts is None:
+            lid = p.ledger_id
             state = ledgers.get(lid)
-            if state is not None and max_lac > state.lac:
+            if state is not None and p.max_lac > state.lac and (behind is None or lid not in behind):
+                self._advance_lac(lid, state, p.max_lac, now)
+            return
+        for _, lid, _, max_lac in p.parts:
+            state = ledgers.get(lid)
+            if state is not None and max_lac > state.lac and (behind is None or lid not in behind):
                 self._advance_lac(lid, state, max_lac, now)
 
     def _maybe_complete_add(self, batch: int, p: PendingAdd, now: float) -> None:

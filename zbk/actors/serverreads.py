@@ -111,11 +111,10 @@ class ServerReads(ServerBase):
             if count == 0:
                 self._reply_read(ident, req, [], lid_known=state is not None, started=started)
                 return
-            if lid in self.tail:
-                blobs = self.tail.take(lid, first, count, limits.read_response_bytes_max)
-                if blobs:
-                    self._reply_read(ident, req, blobs, lid_known=True, started=started)
-                    return
+            blobs = self.tail.take(lid, first, count, limits.read_response_bytes_max)
+            if blobs:
+                self._reply_read(ident, req, blobs, lid_known=True, started=started)
+                return
         if state is None:
             # Never seen: an explicit negative, unless we can not be sure (no limbo state
             # can exist for an unknown ledger: phase one creates the state of every ledger).
