@@ -1,7 +1,7 @@
 """The processes of bench/openloop.py other than the orchestrator: the fixed-rate writer (one
 per measured run: zbk, NATS, or a no-op that measures the generator itself), the tailing
-readers of the end-to-end runs, and the prefill writer and catch-up readers of the
-reads-beside-writes runs. Each runs in its own process, started by `openloop.py --worker
+readers of the end-to-end runs, and the prefill writer, catch-up readers and CPU burners of
+the reads-beside-writes runs. Each runs in its own process, started by `openloop.py --worker
 KIND`, and prints one JSON object as its last stdout line.
 
 The generator is one asyncio loop: at each wake-up it sends every entry whose intended send
@@ -542,6 +542,35 @@ async def catchup(args: argparse.Namespace) -> dict[str, Any]:
             "reader_cpu_us_per_entry": round(cpu / count * 1e6, 1) if count else None}
 
 
+def burn(args: argparse.Namespace) -> dict[str, Any]:
+    """Take ``--duty`` of a core doing nothing but arithmetic, until SIGTERM: in every 5 ms
+    of wall time, spin until this process has used ``duty`` of them in CPU time, then sleep
+    the rest. Descheduled time does not count as burnt, so the burner takes up to its duty,
+    as much of it as the machine gives it, the way a reader takes what it can."""
+    stopped = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    period, duty = 0.005, min(1.0, max(0.0, args.duty))
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline, x = t0, 0
+    while not stopped and time.monotonic() - t0 < args.max_seconds:
+        deadline += period
+        c = time.process_time()
+        while time.process_time() - c < duty * period:
+            x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+        rest = deadline - time.monotonic()
+        if rest > 0:
+            time.sleep(rest)
+        else:
+            deadline = time.monotonic()
+    secs = time.monotonic() - t0
+    return {"duty": duty, "seconds": round(secs, 2), "cores": round((time.process_time() - cpu0) / secs, 3)}
+
+
 def worker_main(args: argparse.Namespace) -> int:
     kind = args.worker
     if kind in ("noop", "zbk", "zbk-floor", "server-floor", "nats"):
@@ -554,6 +583,8 @@ def worker_main(args: argparse.Namespace) -> int:
         report = run_async(prefill(args))
     elif kind == "zbk-catchup":
         report = run_async(catchup(args))
+    elif kind == "burn":
+        report = burn(args)
     else:
         raise ValueError(f"unknown worker {kind!r}")
     print(json.dumps(report), flush=True)

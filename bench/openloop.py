@@ -29,6 +29,11 @@ always``) on 127.0.0.1, as bench/peers.py does, and runs these phases (``--phase
   read from the disk, not from the page cache, the bench drops the bookies' entry-log pages
   from the cache every ``--cold-every`` seconds during these runs (posix_fadvise DONTNEED
   on those files only; the bookies' storage-read MB/s shows what came from the disk).
+  Each round then runs the writers a third time, beside as many CPU burners as readers,
+  which ask for the cores the read load took before the writers started (the readers'
+  processes and the bookies, over 2 s) and do nothing else (``--no-rw-floor``: not): the
+  floor of the target on this machine, since what the writers lose there any neighbour with
+  that appetite costs them, and only the rest is how a bookie's reads share it with adds.
 
 Every run is a fresh client process on a fresh ledger or stream: ``--warmup`` seconds of
 the same load, then ``--seconds`` measured, then 0.2 s more load, then up to ``--drain``
@@ -78,6 +83,7 @@ from _procs import (  # noqa: E402
     FloorServerCluster,
     NatsCluster,
     ZbkCluster,
+    cpu_seconds,
     git_rev,
     install_signal_handlers,
     loadavg,
@@ -214,17 +220,56 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
         try:
             with CacheDropper(zbk, args.cold_every):
                 time.sleep(1.0)  # the readers open their ledgers and start reading
+                appetite = read_appetite(zbk, readers, 2.0)
                 beside = measure("zbk", rate, args, zbk, None, label="+readers")
         finally:
             for p in readers:
                 stop_process(p, sig=signal.SIGTERM)
         reads = [last_json(logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
         total = sum(x["entries_per_s"] for x in reads)
+        cores = appetite["readers_cores"] + appetite["servers_cores"]
         print(f"{'readers':>10}: {args.readers} x {[round(x['entries_per_s']) for x in reads]} entries/s "
               f"(total {total:,.0f}/s); bookies' storage reads {beside.get('servers_read_mb_per_s')} MB/s "
-              f"(alone {alone.get('servers_read_mb_per_s')})", flush=True)
-        rounds.append({"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1)})
+              f"(alone {alone.get('servers_read_mb_per_s')}); on their own, before the writers: "
+              f"readers {appetite['readers_cores']:.2f} + bookies {appetite['servers_cores']:.2f} cores", flush=True)
+        one = {"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1),
+               "read_appetite": appetite}
+        if args.rw_floor and cores > 0:
+            one.update(burner_case(args, zbk, rate, rnd, cores, logdir))
+        rounds.append(one)
     return {"rate": rate, "prefill": pre, "readers": args.readers, "rounds": rounds}
+
+
+def read_appetite(zbk: ZbkCluster, readers: list[subprocess.Popen[bytes]], secs: float) -> dict[str, float]:
+    """Cores the read load takes with the machine to itself: the readers' processes and the
+    bookies, over ``secs`` before the writers start (idle bookies take 0.01-0.05)."""
+    pids = [b.pid for b in zbk.bookies]
+    r0, s0, t0 = [cpu_seconds(p.pid) for p in readers], [cpu_seconds(p) for p in pids], time.monotonic()
+    time.sleep(secs)
+    r1, s1, t1 = [cpu_seconds(p.pid) for p in readers], [cpu_seconds(p) for p in pids], time.monotonic()
+    return {"readers_cores": round((sum(r1) - sum(r0)) / (t1 - t0), 3),
+            "servers_cores": round((sum(s1) - sum(s0)) / (t1 - t0), 3)}
+
+
+def burner_case(args: argparse.Namespace, zbk: ZbkCluster, rate: int, rnd: int, cores: float,
+                logdir: Path) -> dict[str, Any]:
+    """The writers beside as many processes as there were readers, which ask for the cores
+    the read load took with the machine to itself (the readers and the bookies' share) and
+    touch neither zbk nor the disk: the floor of the rw target on this machine. What the
+    writers lose here, any neighbour with that appetite costs them; only the rest is how
+    the bookies' read path shares a bookie with the adds."""
+    burners = [start_process([sys.executable, SCRIPT, "--worker", "burn", "--duty", str(cores / args.readers),
+                              "--max-seconds", str(args.max_seconds)], logdir / f"burner-{rnd}-{k}.log")
+               for k in range(args.readers)]
+    try:
+        time.sleep(1.0)
+        floor = measure("zbk", rate, args, zbk, None, label="+burners")
+    finally:
+        for p in burners:
+            stop_process(p, sig=signal.SIGTERM)
+    took = sum(last_json(logdir / f"burner-{rnd}-{k}.log")["cores"] for k in range(args.readers))
+    print(f"{'burners':>10}: {args.readers} x {cores / args.readers:.2f} cores asked, {took:.2f} taken", flush=True)
+    return {"burners": floor, "burners_cores": round(took, 3)}
 
 
 class CacheDropper:
@@ -310,9 +355,13 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             a = statistics.median(x for x, _ in pairs)
             b = statistics.median(y for _, y in pairs)
             met = b <= 2 * a if len(pairs) >= 3 else all(y <= 2 * x for x, y in pairs)
-            out["rw: writers' p99 with readers <= 2 x without (medians of the rounds)"] = {
-                "met": met, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None,
-                "rounds (alone, readers)": pairs}
+            t = {"met": met, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None,
+                 "rounds (alone, readers)": pairs}
+            floors = [rnd["burners"]["p99_ms"] for rnd in good if "error" not in rnd.get("burners", {"error": 1})]
+            if floors:  # the floor: beside burners that take the readers' cores (not judged)
+                f = statistics.median(floors)
+                t.update(burners_ms=f, floor_ratio=round(f / a, 2) if a else None)
+            out["rw: writers' p99 with readers <= 2 x without (medians of the rounds)"] = t
     return out
 
 
@@ -379,12 +428,15 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{'round':>5} {'case':>9} {'got/s':>9} {'p50':>7} {'p99':>7} {'p99.9':>7} {'max':>8} "
               f"{'srv us':>7} {'reads/s':>9} {'disk MB/s':>9}")
         for i, rnd in enumerate(rw["rounds"]):
-            for case in ("alone", "readers"):
+            for case in ("alone", "readers", "burners"):
+                if case not in rnd:
+                    continue
                 r = rnd[case]
                 if "error" in r:
                     print(f"{i + 1:>5} {case:>9} run failed")
                     continue
-                reads = f"{rnd['readers_entries_per_s']:>9,.0f}" if case == "readers" else f"{'-':>9}"
+                reads = (f"{rnd['readers_entries_per_s']:>9,.0f}" if case == "readers"
+                         else f"{rnd['burners_cores']:>4.2f} cpu" if case == "burners" else f"{'-':>9}")
                 print(f"{i + 1:>5} {case:>9} {r['achieved_per_s']:>9,.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
                       f"{r['p999_ms']:>7.2f} {r['max_ms']:>8.2f} {fmt_opt(r['server_cpu_us_per_entry']):>7} "
                       f"{reads} {r['servers_read_mb_per_s']:>9}")
@@ -484,6 +536,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rw-rounds", type=int, default=3,
                     help="rounds of the rw phase (the writer alone, then beside the readers); the target is judged "
                          "on the medians of three or more, on every round below that")
+    ap.add_argument("--rw-floor", action=argparse.BooleanOptionalAction, default=True,
+                    help="in each rw round, the writers also beside CPU burners that take the readers' cores")
     ap.add_argument("--cold-every", type=float, default=1.0,
                     help="seconds between drops of the bookies' entry-log pages from the page cache in the rw "
                          "runs, so that the readers read from the disk (0: never)")
@@ -511,6 +565,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ledger-count", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ledger-ids", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--duty", type=float, default=1.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.size < 16:
         ap.error("--size must be at least 16 (the intended send time and the index ride in each entry)")
