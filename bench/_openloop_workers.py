@@ -126,8 +126,8 @@ class ZbkTarget:
     def __init__(self, metadata: str, explicit_lac_ms: int, settings: dict[str, Any] | None = None) -> None:
         from zbk.client.bookkeeper import AsyncBookKeeper
 
-        self.metadata = metadata
-        self.bk = AsyncBookKeeper(metadata, explicit_lac_interval_ms=explicit_lac_ms, **(settings or {}))
+        self.metadata, self.settings = metadata, settings or {}
+        self.bk = AsyncBookKeeper(metadata, explicit_lac_interval_ms=explicit_lac_ms, **self.settings)
 
     async def start(self) -> None:
         await self.bk.start()
@@ -137,7 +137,8 @@ class ZbkTarget:
         return self.lh.append(payload)
 
     def reader_argv(self) -> list[str]:
-        return ["--metadata", self.metadata, "--ledger", str(self.lh.ledger_id)]
+        return ["--metadata", self.metadata, "--ledger", str(self.lh.ledger_id),
+                *(f"--client-set={k}={v}" for k, v in self.settings.items())]
 
     async def finish(self) -> None:
         """Close the ledger: a tailing reader's ``tail()`` ends after its last entry."""
@@ -447,7 +448,8 @@ async def zbk_tail(args: argparse.Namespace) -> dict[str, Any]:
     from zbk.client.bookkeeper import AsyncBookKeeper
 
     counter = TailCounter(args.w0, args.w1, [])
-    async with AsyncBookKeeper(args.metadata) as bk:
+    settings = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.client_set)}
+    async with AsyncBookKeeper(args.metadata, **settings) as bk:
         rh = await bk.open_ledger(args.ledger, password=PASSWORD, recovery=False)
         print("READY", flush=True)
         async for e in rh.tail(0):

@@ -543,7 +543,8 @@ def parse_args() -> argparse.Namespace:
                          "runs, so that the readers read from the disk (0: never)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="zbk bookie config override")
     ap.add_argument("--client-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="the zbk writers' ClientConfig field (an integer), e.g. add_batches_in_flight_max=0")
+                    help="a ClientConfig field (an integer) of the zbk writers and tailing readers, "
+                         "e.g. add_batches_in_flight_max=0, tail_long_polls=1")
     ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
                     help="spread: each NATS server on one CPU of its own, round-robin (as zbk's --set actor_cpus=spread)")
     ap.add_argument("--json-out", metavar="FILE", help="write every figure here")

@@ -234,6 +234,11 @@ client_add_request_entries_default = 500
 # busy one sends fewer, larger requests, and every bookie wakes its actors once per batch
 # instead of once per entry. 2: one batch is built and sent while the other is stored.
 client_add_batches_in_flight_default = 2
+# Bookies a tailing reader long-polls at once (ClientConfig.tail_long_polls): the first
+# answer wins. Each bookie raises its LAC when the add carrying it reaches it, and the add
+# needs only the ack quorum, so one polled bookie is at times the slowest of the ensemble;
+# two cut the end-to-end tail (docs/performance.md) for twice the poll answers.
+client_tail_long_polls_default = 2
 client_ensemble_change_attempts_max = 10  # ensemble changes without progress before an add fails
 # A bookie that stays silent this long (a partition, a paused process) counts as failed: its
 # connection is closed and the writers on it change ensembles (ZMTP heartbeats, transport.py).

@@ -55,8 +55,9 @@ async def writer(c: SimCluster, interval_ms: int, e: int = 3, wq: int = 3, aq: i
     return lh, WriteLog(), Requests(bk._ctx().transport)
 
 
-async def reader(c: SimCluster, lh: LedgerHandle) -> tuple[ReadHandle, Requests]:
-    bk = c.client("reader")
+async def reader(c: SimCluster, lh: LedgerHandle, config: ClientConfig | None = None,
+                 ) -> tuple[ReadHandle, Requests]:
+    bk = c.client("reader", config=config)
     rh = await bk.open_ledger(lh.ledger_id, password=PW, recovery=False)
     return rh, Requests(bk._ctx().transport)
 

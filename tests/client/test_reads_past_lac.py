@@ -3,21 +3,26 @@ simulation (tests/client/sim.py; ``ZBK_SEED=<n>`` replays a run).
 
 * ``read_unconfirmed`` returns entries beyond the LAC of an open ledger, ends early at the
   first entry no bookie has, and never returns entries past a closed ledger's end.
-* A reader that keeps up with the writer sends one READ per entry (the long poll's answer
-  carries the entry), not a poll and then a read.
+* A reader that keeps up with the writer sends one READ per entry and bookie polled (the
+  long poll's answer carries the entry), not a poll and then a read.
+* Two bookies polled at once: a slow one no longer sets when the reader sees an entry, and a
+  consumer that stops following leaves no poll behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from zbk.client.digest import make_digest, master_key
 from zbk.client.handles import LedgerEntry, ReadHandle
+from zbk.config import ClientConfig
 from zbk.errors import NoSuchEntryError
 from zbk.wire import messages as w
 from zbk.wire.entry import build_entry
+from zbk.wire.ops import ReadFlag
 
 from . import sim
 from .sim import SimCluster
@@ -80,22 +85,25 @@ def test_read_unconfirmed_does_not_cut_a_closed_ledger_short_of_its_recovered_en
     sim.run(scenario())
 
 
-@pytest.mark.parametrize("polled_entries", [True, False], ids=["one-request-per-entry", "control"])
-def test_tailing_reader_sends_one_read_per_entry(polled_entries: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("polls,polled_entries", [(1, True), (2, True), (1, False)],
+                         ids=["one-poll", "two-polls", "control"])
+def test_tailing_reader_sends_one_read_per_entry_and_polled_bookie(polls: int, polled_entries: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader keeps up with a writer appending every 50 ms (E3 WQ3): each new LAC comes
-    back with its entry in the long poll's answer, so READ requests ~= entries. The control
-    drops the entries of the answers (as tail() did before): then it takes two per entry,
-    which shows that the count can tell the difference."""
+    back with its entry in the long poll's answer, so READ requests ~= entries per bookie
+    polled at once (``tail_long_polls``). The control drops the entries of the answers (as
+    tail() did before): then it takes two per entry, which shows that the count can tell
+    the difference."""
     seed = sim.seed_from_env()
     n = 40
     if not polled_entries:
         monkeypatch.setattr(ReadHandle, "_polled_entries", lambda self, *a: [])
 
-    async def scenario() -> int:
+    async def scenario() -> tuple[int, int]:
         c = SimCluster(seed, bookies=3)
         lh, log, _ = await writer(c, 0)
         await log.append(lh, payload(0))  # the bookies know the ledger: no ENOLEDGER polls
-        rh, reads = await reader(c, lh)
+        rh, reads = await reader(c, lh, ClientConfig(tail_long_polls=polls))
         seen: dict[int, float] = {}
         task = asyncio.ensure_future(follow(rh, seen))
         for i in range(1, n):
@@ -104,12 +112,86 @@ def test_tailing_reader_sends_one_read_per_entry(polled_entries: bool, monkeypat
         await lh.close()
         await asyncio.wait_for(task, 10)
         assert sorted(seen) == list(range(n))
-        return reads.count(w.ReadRequest)
+        polled = {b for b, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL}
+        return reads.count(w.ReadRequest), len(polled)
 
-    reads = sim.run(scenario())
+    reads, polled = sim.run(scenario())
+    assert polled == polls
     if polled_entries:
-        # A poll per entry 0..n-2 (entry i arrives with LAC i-1), the last poll ending at
-        # its timeout, and one read of the last entry once the close is seen.
-        assert reads <= n + 1, reads
+        # Per bookie polled: a poll per entry 0..n-2 (entry i arrives with LAC i-1), the
+        # last poll ending at its timeout; and one read of the last entry once the close is seen.
+        assert reads <= polls * n + 1, reads
     else:
         assert reads >= 2 * (n - 2), reads
+
+
+@pytest.mark.parametrize("polls", [1, 2])
+def test_a_slow_bookie_delays_a_reader_that_polls_only_it(polls: int) -> None:
+    """The first bookie of the ensemble answers everything up to 200 ms late; the writer
+    (AQ2) does not wait for it. Polling it alone, the reader sees each entry as late as that
+    bookie learns its LAC; polling it and the next bookie at once, as soon as the fast one does:
+    within the 50 ms until the next add brings the LAC, plus the simulation's hops."""
+    seed = sim.seed_from_env()
+    n = 30
+
+    async def scenario() -> list[float]:
+        c = SimCluster(seed, bookies=3)
+        lh, log, _ = await writer(c, 0)
+        await log.append(lh, payload(0))
+        c.bookie(lh.md.last_ensemble[0]).delay_s = 0.2
+        rh, _ = await reader(c, lh, ClientConfig(tail_long_polls=polls))
+        seen: dict[int, float] = {}
+        confirmed: dict[int, float] = {}
+        task = asyncio.ensure_future(follow(rh, seen))
+        for i in range(1, n):
+            await asyncio.sleep(0.05)
+            await log.append(lh, payload(i))
+            confirmed[i] = asyncio.get_running_loop().time()
+        await lh.close()
+        await asyncio.wait_for(task, 10)
+        assert sorted(seen) == list(range(n))
+        # The last entry is seen at the close; the others by the LAC of the add after them.
+        return [seen[i] - confirmed[i] for i in range(1, n - 1)]
+
+    lags = sim.run(scenario())
+    if polls == 2:
+        assert max(lags) <= 0.08, lags
+    else:
+        assert sum(lags) / len(lags) > 0.08, lags
+
+
+def test_a_tail_given_up_leaves_no_long_poll_behind() -> None:
+    """A consumer that stops following, between two entries (aclose) or while the polls
+    wait (its task cancelled), cancels every long poll still waiting."""
+    seed = sim.seed_from_env()
+
+    def polls_left() -> int:
+        return sum(1 for t in asyncio.all_tasks()
+                   if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "ReadHandle._long_poll")
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        lh, log, _ = await writer(c, 0)
+        for i in range(4):
+            await log.append(lh, payload(i))
+        rh, _ = await reader(c, lh, ClientConfig(tail_long_polls=3))
+        agen = rh.tail(0)
+        got = [(await agen.__anext__()).entry_id for _ in range(3)]
+        assert got == [0, 1, 2]
+        await agen.aclose()
+        await asyncio.sleep(0.01)  # a cancelled poll takes a few turns to end; a live one 1 s
+        assert polls_left() == 0
+
+        agen = rh.tail(3)  # entry 3 waits for the LAC of an add that never comes
+        waiting = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.5)
+        assert polls_left() == 3
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await agen.aclose()
+        await asyncio.sleep(0.01)  # a cancelled poll takes a few turns to end; a live one 1 s
+        assert polls_left() == 0
+        await lh.close()
+
+    sim.run(scenario())

@@ -46,6 +46,8 @@ def test_async_keywords_override_the_fields_of_config() -> None:
     ({"speculative_read": 5}, "did you mean speculative_read_ms"),
     ({"add_timeout_ms": "200"}, "keyword 'add_timeout_ms' expects int"),
     ({"add_timeout_ms": 0}, "add_timeout_ms must be > 0"),
+    ({"tail_long_polls": 0}, r"tail_long_polls must be in \[1, 64\], got 0"),
+    ({"tail_long_polls": 65}, r"tail_long_polls must be in \[1, 64\]"),
     ({"curve_secret_key_file": "/k"}, "CURVE"),  # the merged config is validated as a whole
 ])
 def test_async_bad_keywords_are_config_errors(kw: dict[str, object], message: str) -> None:

@@ -410,13 +410,18 @@ class ReadHandle:
         """Follow the ledger: yield every entry from ``start`` as it becomes confirmed, and
         stop after the last entry once the ledger is closed.
 
-        With nothing new to read it long-polls a bookie of the last ensemble, and it reads
-        the metadata again at most once a second to notice a close. A bookie that does not
-        answer a poll is left for the next one of the ensemble, without an error. A long
-        poll's answer carries the entries from the polled LAC + 1 up to the bookie's LAC
-        that it holds: those are yielded as they came, so a reader keeping up with the
-        writer needs one request per new LAC, not a poll and then a read. Only what the
-        answer lacks (another bookie's stripe, a bad copy) is read afterwards.
+        With nothing new to read it long-polls bookies of the last ensemble, as many at once
+        as ``ClientConfig.tail_long_polls`` (2) says, and it reads the metadata again at
+        most once a second to notice a close. Each bookie learns a new LAC on its own
+        schedule, and a writer's add needs only the ack quorum, so the first of two
+        answers comes sooner than the answer of one bookie, which is at times the slowest;
+        the other answer's entries already yielded are skipped, not checked again. A bookie
+        that does not answer a poll is left for the next one of the ensemble, without an
+        error. A long poll's answer carries the entries from the polled LAC + 1 up to the
+        bookie's LAC that it holds: those are yielded as they came, so a reader keeping up
+        with the writer needs one request per new LAC and bookie polled, not a poll and
+        then a read. Only what the answers lack (another bookie's stripe, a bad copy) is
+        read afterwards.
 
         The bookies learn the LAC from the writer's next add (or its close): the last entry
         of an idle writer shows up only then, unless the writer's client sends explicit
@@ -441,50 +446,71 @@ class ReadHandle:
         nxt = start
         bookie_i = 0
         last_md_check = 0.0
-        while True:
-            end = self._readable_end()
-            if nxt <= end:
-                async for e in self._read_range(nxt, end):
-                    yield e
-                nxt = end + 1
-                continue
-            if self.md.is_closed:
-                return
-            now = asyncio.get_running_loop().time()  # the clock of the polls' own timeouts
-            if now - last_md_check > 1.0:  # notice a close (or ensemble change) by the writer
-                last_md_check = now
-                await self.refresh_metadata()
-                if self.md.is_closed:
+        polls: dict[str, tuple[asyncio.Future[Any], int]] = {}  # bookie: its long poll, the LAC it was sent with
+        try:
+            while True:
+                end = self._readable_end()
+                if nxt <= end:
+                    async for e in self._read_range(nxt, end):
+                        yield e
+                    nxt = end + 1
                     continue
-            ensemble = self.md.last_ensemble
-            b = ensemble[bookie_i % len(ensemble)]
-            t = self.ctx.transport
-            polled = self.lac
-            try:
-                resp = await t.request(b, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
-                                                        first_entry_id=polled + 1,
-                                                        count=limits.entries_per_read_request_max,
-                                                        flags=ReadFlag.LONG_POLL, previous_lac=polled,
-                                                        timeout_ms=poll_timeout_ms),
-                                       poll_timeout_ms / 1000 + self.ctx.read_timeout_s)
-            except BookieUnavailableError:
-                bookie_i += 1
-                await asyncio.sleep(0.05)
-                continue
-            lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
-            if lac > self.lac:
-                self.lac = lac
-            for e in self._polled_entries(b, resp, polled, lac):
-                if e.entry_id == nxt:
-                    yield e
-                    nxt += 1
-            if resp.status not in (Status.EOK, Status.ENOENTRY):  # ENOENTRY: the poll timed out
-                bookie_i += 1
-                await asyncio.sleep(0.05)
+                if self.md.is_closed:
+                    return
+                now = asyncio.get_running_loop().time()  # the clock of the polls' own timeouts
+                if now - last_md_check > 1.0:  # notice a close (or ensemble change) by the writer
+                    last_md_check = now
+                    await self.refresh_metadata()
+                    if self.md.is_closed:
+                        continue
+                ensemble = self.md.last_ensemble
+                wanted = [ensemble[(bookie_i + k) % len(ensemble)]
+                          for k in range(min(self.ctx.config.tail_long_polls, len(ensemble)))]
+                for b in [b for b in polls if b not in wanted]:
+                    _drop(polls.pop(b)[0])
+                for b in wanted:
+                    if b not in polls:
+                        polls[b] = (asyncio.ensure_future(self._long_poll(b, self.lac, poll_timeout_ms)), self.lac)
+                done, _ = await asyncio.wait([poll for poll, _ in polls.values()], return_when=asyncio.FIRST_COMPLETED)
+                failed = False
+                for b in [b for b, (poll, _) in polls.items() if poll in done]:
+                    poll, polled = polls.pop(b)
+                    try:
+                        resp = poll.result()
+                    except BookieUnavailableError:
+                        failed = True
+                        continue
+                    lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
+                    if lac > self.lac:
+                        self.lac = lac
+                    for e in self._polled_entries(b, resp, polled, lac, nxt):
+                        if e.entry_id == nxt:
+                            yield e
+                            nxt += 1
+                    if resp.status not in (Status.EOK, Status.ENOENTRY):  # ENOENTRY: the poll timed out
+                        failed = True
+                if failed:  # the next bookies of the ensemble take over from the one that failed
+                    bookie_i += 1
+                    await asyncio.sleep(0.05)
+        finally:
+            for poll, _ in polls.values():
+                _drop(poll)
 
-    def _polled_entries(self, bookie: str, resp: Any, polled: int, lac: int) -> list[LedgerEntry]:
-        """The entries a long poll's answer carries, from ``polled`` + 1, digest-checked, up
-        to the first bad copy (read again from another replica by the caller's next read)."""
+    async def _long_poll(self, bookie: str, polled: int, timeout_ms: int) -> Any:
+        """Ask ``bookie`` for the entries after ``polled``, answered once its LAC passes it
+        (or with ENOENTRY after ``timeout_ms``)."""
+        t = self.ctx.transport
+        return await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
+                                                     first_entry_id=polled + 1,
+                                                     count=limits.entries_per_read_request_max,
+                                                     flags=ReadFlag.LONG_POLL, previous_lac=polled,
+                                                     timeout_ms=timeout_ms),
+                               timeout_ms / 1000 + self.ctx.read_timeout_s)
+
+    def _polled_entries(self, bookie: str, resp: Any, polled: int, lac: int, wanted: int) -> list[LedgerEntry]:
+        """The entries a long poll's answer carries from ``wanted`` on (those before it were
+        yielded already, from another bookie's answer), digest-checked, up to the first bad
+        copy (read again from another replica by the caller's next read)."""
         out: list[LedgerEntry] = []
         if not isinstance(resp, w.ReadResponse) or resp.first_entry_id != polled + 1:
             return out
@@ -492,6 +518,8 @@ class ReadHandle:
             entry_id = polled + 1 + i
             if entry_id > lac:  # a bookie only returns entries up to its LAC; anything else is not confirmed
                 break
+            if entry_id < wanted:
+                continue
             try:
                 e = parse_entry(blob, self.digest, ledger_id=self.ledger_id, entry_id=entry_id)
             except DigestMismatchError as err:
@@ -499,6 +527,14 @@ class ReadHandle:
                 break
             out.append(LedgerEntry(self.ledger_id, entry_id, bytes(e.payload), e.ledger_length))
         return out
+
+
+def _drop(poll: asyncio.Future[Any]) -> None:
+    """A long poll no longer wanted: cancelled, or its outcome taken if it has one."""
+    if not poll.done():
+        poll.cancel()
+    elif not poll.cancelled():
+        poll.exception()
 
 
 def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:

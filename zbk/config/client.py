@@ -33,6 +33,10 @@ class ClientConfig:
             unconfirmed at once; appends made meanwhile wait and go out together in the next
             batch, so a busy writer makes fewer, larger requests. 0: no limit, every
             append is sent at once.
+        tail_long_polls: Bookies of the ledger's last ensemble that ``tail()`` long-polls
+            at once for new entries (at most the ensemble's size); the first answer wins.
+            1 polls one bookie at a time: half the poll answers, a longer tail of
+            end-to-end latency.
         ensemble_change_attempts_max: Ensemble changes a writer makes without confirming
             an entry before it fails with `NotEnoughBookiesError`.
         bookie_heartbeat_timeout_ms: A bookie whose connection stays silent this many
@@ -60,6 +64,7 @@ class ClientConfig:
     pending_adds_max: int = limits.client_pending_adds_max
     add_request_entries_max: int = limits.client_add_request_entries_default
     add_batches_in_flight_max: int = limits.client_add_batches_in_flight_default
+    tail_long_polls: int = limits.client_tail_long_polls_default
     ensemble_change_attempts_max: int = limits.client_ensemble_change_attempts_max
     bookie_heartbeat_timeout_ms: int = limits.client_heartbeat_timeout_ms_default  # a silent bookie fails after this; 0: never
     # An idle writer sends its LAC with WRITE_LAC after this long (0: never); see docs/contributors.md.
@@ -91,6 +96,9 @@ class ClientConfig:
         if not 1 <= self.add_request_entries_max <= limits.entries_per_add_request_max:
             raise ConfigError(f"add_request_entries_max must be in [1, {limits.entries_per_add_request_max}]")
         non_negative("add_batches_in_flight_max", self.add_batches_in_flight_max)
+        if not 1 <= self.tail_long_polls <= limits.ledger_ensemble_size_max:
+            raise ConfigError(f"tail_long_polls must be in [1, {limits.ledger_ensemble_size_max}], "
+                              f"got {self.tail_long_polls!r}")
         positive("ensemble_change_attempts_max", self.ensemble_change_attempts_max)
         if not 0 <= self.bookie_heartbeat_timeout_ms <= limits.client_heartbeat_timeout_ms_max:
             raise ConfigError(f"bookie_heartbeat_timeout_ms must be in [0, {limits.client_heartbeat_timeout_ms_max}]")

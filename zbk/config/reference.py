@@ -38,6 +38,7 @@ UNIT_NAMES: dict[str, str] = {
     "pending_adds_max": "appends",
     "add_request_entries_max": "entries",
     "add_batches_in_flight_max": "batches",
+    "tail_long_polls": "bookies",
     "ensemble_change_attempts_max": "ensemble changes",
     "replicator_workers": "ledgers",
     "min_racks_per_write_quorum": "racks",
