@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -406,7 +406,7 @@ class ReadHandle:
                 out.append(LedgerEntry(self.ledger_id, e.entry_id, bytes(e.payload), e.ledger_length))
         return out
 
-    async def tail(self, start: int = 0, *, poll_timeout_ms: int = 1000) -> AsyncIterator[LedgerEntry]:
+    async def tail(self, start: int = 0, *, poll_timeout_ms: int = 1000) -> AsyncGenerator[LedgerEntry, None]:
         """Follow the ledger: yield every entry from ``start`` as it becomes confirmed, and
         stop after the last entry once the ledger is closed.
 
