@@ -23,6 +23,7 @@ from zbk.errors import NoSuchEntryError
 from zbk.wire import messages as w
 from zbk.wire.entry import build_entry
 from zbk.wire.ops import ReadFlag
+from zbk.wire.status import Status
 
 from . import sim
 from .sim import SimCluster
@@ -158,6 +159,35 @@ def test_a_slow_bookie_delays_a_reader_that_polls_only_it(polls: int) -> None:
         assert max(lags) <= 0.08, lags
     else:
         assert sum(lags) / len(lags) > 0.08, lags
+
+
+@pytest.mark.parametrize("bad", [0, 1])
+def test_a_polled_bookie_that_fails_is_left_for_the_next_ones(bad: int) -> None:
+    """One of the two bookies polled answers every read with an error: the reader moves on
+    to the bookies after it and does not poll it again, whichever of the two it was."""
+    seed = sim.seed_from_env()
+    n = 20
+
+    async def scenario() -> tuple[int, str, list[str]]:
+        c = SimCluster(seed, bookies=3)
+        lh, log, _ = await writer(c, 0)
+        await log.append(lh, payload(0))
+        failing = lh.md.last_ensemble[bad]
+        c.bookie(failing).read_status = Status.EIO
+        rh, reads = await reader(c, lh, ClientConfig(tail_long_polls=2))
+        seen: dict[int, float] = {}
+        task = asyncio.ensure_future(follow(rh, seen))
+        for i in range(1, n):
+            await asyncio.sleep(0.05)
+            await log.append(lh, payload(i))
+        await lh.close()
+        await asyncio.wait_for(task, 10)
+        assert sorted(seen) == list(range(n))
+        polled = [b for b, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL]
+        return sum(1 for b in polled if b == failing), failing, polled
+
+    to_failing, failing, polled = sim.run(scenario())
+    assert to_failing == 1, (failing, polled)
 
 
 def test_a_tail_given_up_leaves_no_long_poll_behind() -> None:

@@ -472,13 +472,13 @@ class ReadHandle:
                     if b not in polls:
                         polls[b] = (asyncio.ensure_future(self._long_poll(b, self.lac, poll_timeout_ms)), self.lac)
                 done, _ = await asyncio.wait([poll for poll, _ in polls.values()], return_when=asyncio.FIRST_COMPLETED)
-                failed = False
+                failed: str | None = None
                 for b in [b for b, (poll, _) in polls.items() if poll in done]:
                     poll, polled = polls.pop(b)
                     try:
                         resp = poll.result()
                     except BookieUnavailableError:
-                        failed = True
+                        failed = b
                         continue
                     lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
                     if lac > self.lac:
@@ -488,9 +488,11 @@ class ReadHandle:
                             yield e
                             nxt += 1
                     if resp.status not in (Status.EOK, Status.ENOENTRY):  # ENOENTRY: the poll timed out
-                        failed = True
-                if failed:  # the next bookies of the ensemble take over from the one that failed
-                    bookie_i += 1
+                        failed = b
+                if failed is not None:
+                    # The bookies after the one that failed take over; the bookie itself is
+                    # polled again only once the rotation comes back to it.
+                    bookie_i = ensemble.index(failed) + 1 if failed in ensemble else bookie_i + 1
                     await asyncio.sleep(0.05)
         finally:
             for poll, _ in polls.values():
