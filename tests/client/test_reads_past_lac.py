@@ -17,7 +17,7 @@ import contextlib
 import pytest
 
 from zbk.client.digest import make_digest, master_key
-from zbk.client.handles import LedgerEntry, ReadHandle
+from zbk.client.handles import LedgerEntry, LedgerHandle, ReadHandle
 from zbk.config import ClientConfig
 from zbk.errors import NoSuchEntryError
 from zbk.wire import messages as w
@@ -26,8 +26,8 @@ from zbk.wire.ops import ReadFlag
 from zbk.wire.status import Status
 
 from . import sim
-from .sim import SimCluster
-from .test_explicit_lac import PW, follow, payload, reader, writer
+from .sim import SimCluster, WriteLog
+from .test_explicit_lac import PW, Requests, follow, payload, reader, writer
 
 
 @pytest.mark.parametrize("e,wq", [(3, 3), (3, 2)])
@@ -86,6 +86,24 @@ def test_read_unconfirmed_does_not_cut_a_closed_ledger_short_of_its_recovered_en
     sim.run(scenario())
 
 
+async def follow_while_writing(rh: ReadHandle, lh: LedgerHandle, log: WriteLog, n: int) -> None:
+    """Tail ``rh`` while the writer appends entries 1..n-1 one every 50 ms, then closes;
+    every entry is seen."""
+    seen: dict[int, float] = {}
+    task = asyncio.ensure_future(follow(rh, seen))
+    for i in range(1, n):
+        await asyncio.sleep(0.05)
+        await log.append(lh, payload(i))
+    await lh.close()
+    await asyncio.wait_for(task, 10)
+    assert sorted(seen) == list(range(n))
+
+
+def long_polls(reads: Requests) -> list[str]:
+    """The bookies of the long polls sent, in order."""
+    return [b for b, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL]
+
+
 @pytest.mark.parametrize("polls,polled_entries", [(1, True), (2, True), (1, False)],
                          ids=["one-poll", "two-polls", "control"])
 def test_tailing_reader_sends_one_read_per_entry_and_polled_bookie(polls: int, polled_entries: bool,
@@ -105,16 +123,8 @@ def test_tailing_reader_sends_one_read_per_entry_and_polled_bookie(polls: int, p
         lh, log, _ = await writer(c, 0)
         await log.append(lh, payload(0))  # the bookies know the ledger: no ENOLEDGER polls
         rh, reads = await reader(c, lh, ClientConfig(tail_long_polls=polls))
-        seen: dict[int, float] = {}
-        task = asyncio.ensure_future(follow(rh, seen))
-        for i in range(1, n):
-            await asyncio.sleep(0.05)
-            await log.append(lh, payload(i))
-        await lh.close()
-        await asyncio.wait_for(task, 10)
-        assert sorted(seen) == list(range(n))
-        polled = {b for b, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL}
-        return reads.count(w.ReadRequest), len(polled)
+        await follow_while_writing(rh, lh, log, n)
+        return reads.count(w.ReadRequest), len(set(long_polls(reads)))
 
     reads, polled = sim.run(scenario())
     assert polled == polls
@@ -175,15 +185,8 @@ def test_a_polled_bookie_that_fails_is_left_for_the_next_ones(bad: int) -> None:
         failing = lh.md.last_ensemble[bad]
         c.bookie(failing).read_status = Status.EIO
         rh, reads = await reader(c, lh, ClientConfig(tail_long_polls=2))
-        seen: dict[int, float] = {}
-        task = asyncio.ensure_future(follow(rh, seen))
-        for i in range(1, n):
-            await asyncio.sleep(0.05)
-            await log.append(lh, payload(i))
-        await lh.close()
-        await asyncio.wait_for(task, 10)
-        assert sorted(seen) == list(range(n))
-        polled = [b for b, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL]
+        await follow_while_writing(rh, lh, log, n)
+        polled = long_polls(reads)
         return sum(1 for b in polled if b == failing), failing, polled
 
     to_failing, failing, polled = sim.run(scenario())
@@ -204,7 +207,7 @@ def test_a_tail_given_up_polls_no_more() -> None:
         rh, reads = await reader(c, lh, ClientConfig(tail_long_polls=3))
 
         def polls() -> int:
-            return sum(1 for _, m in reads.sent if isinstance(m, w.ReadRequest) and m.flags & ReadFlag.LONG_POLL)
+            return len(long_polls(reads))
 
         agen = rh.tail(0)
         got = [(await agen.__anext__()).entry_id for _ in range(3)]
