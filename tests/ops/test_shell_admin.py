@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers.bookie import wait_registered
 from helpers.shell import refused, shell, shell_json
 
 import zbk
@@ -163,6 +164,7 @@ def test_initnewcluster_and_nukeexistingcluster(cluster_uri: str, bookies):
     refused(shell("initnewcluster", "--metadata", uri), 1, "OPERATION_REFUSED", "already holds a cluster")
 
     b = bookies("b0", metadata_uri=uri).start()
+    wait_registered(uri, [b.bookie_id])  # answering on its socket comes before its registration
     with zbk.BookKeeper(uri) as bk:
         lh = bk.create_ledger(1, 1, 1)
         lh.append(b"x")
