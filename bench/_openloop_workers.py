@@ -324,12 +324,16 @@ async def drive(target: Any, rate: int, t0_ns: int, n: int, size: int, done: arr
     return send_errors
 
 
+def client_settings(args: argparse.Namespace) -> dict[str, int]:
+    """The zbk clients' ``ClientConfig`` fields given by ``--client-set KEY=VALUE``."""
+    return {k: int(v) for k, v in (kv.split("=", 1) for kv in args.client_set)}
+
+
 def make_target(args: argparse.Namespace) -> Any:
     if args.worker == "noop":
         return NoopTarget()
     if args.worker == "zbk":
-        settings = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.client_set)}
-        return ZbkTarget(args.metadata, args.explicit_lac_ms, settings)
+        return ZbkTarget(args.metadata, args.explicit_lac_ms, client_settings(args))
     if args.worker in ("zbk-floor", "server-floor"):
         return FloorTarget(args.servers)
     return NatsTarget(args.servers)
@@ -448,8 +452,7 @@ async def zbk_tail(args: argparse.Namespace) -> dict[str, Any]:
     from zbk.client.bookkeeper import AsyncBookKeeper
 
     counter = TailCounter(args.w0, args.w1, [])
-    settings = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.client_set)}
-    async with AsyncBookKeeper(args.metadata, **settings) as bk:
+    async with AsyncBookKeeper(args.metadata, **client_settings(args)) as bk:
         rh = await bk.open_ledger(args.ledger, password=PASSWORD, recovery=False)
         print("READY", flush=True)
         async for e in rh.tail(0):

@@ -357,7 +357,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             met = b <= 2 * a if len(pairs) >= 3 else all(y <= 2 * x for x, y in pairs)
             t = {"met": met, "alone_ms": a, "readers_ms": b, "ratio": round(b / a, 2) if a else None,
                  "rounds (alone, readers)": pairs}
-            floors = [rnd["burners"]["p99_ms"] for rnd in good if "error" not in rnd.get("burners", {"error": 1})]
+            floors = [rnd["burners"]["p99_ms"] for rnd in good if "burners" in rnd and "error" not in rnd["burners"]]
             if floors:  # the floor: beside burners that take the readers' cores (not judged)
                 f = statistics.median(floors)
                 t.update(burners_ms=f, floor_ratio=round(f / a, 2) if a else None)

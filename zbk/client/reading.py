@@ -458,12 +458,11 @@ class ReadHandle:
         polls: dict[str, tuple[int, int]] = {}
         answers: deque[tuple[str, int, Any]] = deque()
         tokens = itertools.count()
-        wake: list[asyncio.Future[None]] = []
+        answer_came = asyncio.Event()
 
         def answered(bookie: str, token: int, result: Any) -> None:
             answers.append((bookie, token, result))
-            if wake and not wake[0].done():
-                wake[0].set_result(None)
+            answer_came.set()
 
         while True:
             end = self._readable_end()
@@ -494,8 +493,8 @@ class ReadHandle:
                                             previous_lac=polled, timeout_ms=poll_timeout_ms),
                            poll_timeout_ms / 1000 + self.ctx.read_timeout_s, functools.partial(answered, b, token))
             if not answers:
-                wake[:] = [loop.create_future()]
-                await wake[0]
+                answer_came.clear()
+                await answer_came.wait()
             failed: str | None = None
             while answers:
                 b, token, resp = answers.popleft()
