@@ -535,6 +535,14 @@ class RawLedger:
                                    flags=w.AddFlag(0),
                                    entries=[build_entry(self.ledger_id, entry_id, lac, payload, self.digest)]))
 
+    def add_batch_frames(self, rid: int, first_entry_id: int, count: int, lac: int, payload: bytes) -> list[Any]:
+        """The AddRequest ``rid`` of entries ``first_entry_id`` .. + ``count`` - 1, each built
+        (header, digest) as the client library builds it, all carrying ``lac``."""
+        lid, digest = self.ledger_id, self.digest
+        return encode(w.AddRequest(rid=rid, ledger_id=lid, master_key=self.master_key, flags=w.AddFlag(0),
+                                   entries=[build_entry(lid, e, lac, payload, digest)
+                                            for e in range(first_entry_id, first_entry_id + count)]))
+
 
 @dataclass
 class FloorServerCluster(_Cluster):
