@@ -529,11 +529,8 @@ class RawLedger:
         self.digest, self.master_key = make_digest("crc32c", password), master_key(password)
 
     def add_frames(self, entry_id: int, lac: int, payload: bytes) -> list[Any]:
-        """The AddRequest of one entry, built (header, digest) as the client library builds
-        it; entry e goes out as request e + 1."""
-        return encode(w.AddRequest(rid=entry_id + 1, ledger_id=self.ledger_id, master_key=self.master_key,
-                                   flags=w.AddFlag(0),
-                                   entries=[build_entry(self.ledger_id, entry_id, lac, payload, self.digest)]))
+        """The AddRequest of one entry; entry e goes out as request e + 1."""
+        return self.add_batch_frames(entry_id + 1, entry_id, 1, lac, payload)
 
     def add_batch_frames(self, rid: int, first_entry_id: int, count: int, lac: int, payload: bytes) -> list[Any]:
         """The AddRequest ``rid`` of entries ``first_entry_id`` .. + ``count`` - 1, each built

@@ -122,19 +122,20 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
     events_opt, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
     per_request = min(args.window, limits.client_add_request_entries_default)
     depth = max(1, args.window // per_request)
-    state = {"eid": 0, "rid": 0, "lac": -1}  # carried from the warm-up to the measured run
-    inflight: dict[int, list[Any]] = {}  # rid -> [started, first entry, count, acks]
+    state = {"eid": 0, "lac": -1}  # carried from the warm-up to the measured run
+    # Request rid carries entries (rid - 1) * per_request onwards.
+    inflight: dict[int, list[Any]] = {}  # rid -> [started, acks]
     order: collections.deque[int] = collections.deque()  # rids unconfirmed, oldest first
 
     def send_request() -> None:
-        state["rid"] += 1
-        rid, first = state["rid"], state["eid"]
+        first = state["eid"]
+        rid = first // per_request + 1
         state["eid"] += per_request
         started = time.perf_counter()
         frames = ledger.add_batch_frames(rid, first, per_request, state["lac"], payload)
         for c in conns:
             c.send_frames(frames)
-        inflight[rid] = [started, first, per_request, 0]
+        inflight[rid] = [started, 0]
         order.append(rid)
 
     def take_answers(lat: list[float]) -> None:
@@ -149,14 +150,15 @@ def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 if r.status != 0:
                     raise RuntimeError(f"request {r.rid}: status {r.status}")
-                req[3] += 1
+                req[1] += 1
         # Entries confirm in order, as the library confirms them: a request once it and
         # every earlier one have two answers.
         now = time.perf_counter()
-        while order and inflight[order[0]][3] >= ack_quorum:
-            started, first, count, _ = inflight.pop(order.popleft())
-            lat.extend([now - started] * count)
-            state["lac"] = first + count - 1
+        while order and inflight[order[0]][1] >= ack_quorum:
+            rid = order.popleft()
+            started, _ = inflight.pop(rid)
+            lat.extend([now - started] * per_request)
+            state["lac"] = rid * per_request - 1
 
     def run(seconds: float) -> dict[str, Any]:
         lat: list[float] = []
@@ -342,10 +344,14 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     # The same ratios round by round (zbk and NATS ran back to back in each round), for the
     # targets that speak of rounds.
     rounds = sorted({r["round"] for r in runs})
+
+    def at_tw(system: str, k: int) -> dict[str, Any] | None:
+        """``system``'s run of round ``k`` at the throughput window."""
+        return next((r for r in runs if r["system"] == system and r["window"] == tw and r["round"] == k), None)
+
     per_round: dict[str, list[float]] = {"throughput": [], "server_cpu_per_entry": []}
     for k in rounds:
-        zr = next((r for r in runs if r["system"] == "zbk" and r["window"] == tw and r["round"] == k), None)
-        nr = next((r for r in runs if r["system"] == "nats" and r["window"] == tw and r["round"] == k), None)
+        zr, nr = at_tw("zbk", k), at_tw("nats", k)
         if zr and nr:
             per_round["throughput"].append(round(zr["entries_per_s"] / nr["entries_per_s"], 3))
             per_round["server_cpu_per_entry"].append(
@@ -371,8 +377,7 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         out["ratios"][f"floor_throughput_w{tw}"] = round(
             ft["entries_per_s"]["median"] / n[f"entries_per_s_w{tw}"]["median"], 3)
         for k in rounds:
-            fr = next((r for r in runs if r["system"] == FLOOR and r["window"] == tw and r["round"] == k), None)
-            nr = next((r for r in runs if r["system"] == "nats" and r["window"] == tw and r["round"] == k), None)
+            fr, nr = at_tw(FLOOR, k), at_tw("nats", k)
             if fr and nr:
                 per_round.setdefault("floor_throughput", []).append(round(fr["entries_per_s"] / nr["entries_per_s"], 3))
     return out
