@@ -499,7 +499,10 @@ def _operations_class() -> type:
                 finally:
                     os.close(fd0)
             # The kernel gives every write its offset (no O_APPEND below, or pwrite would ignore it).
-            flags &= ~os.O_APPEND
+            # O_DIRECT stays with the kernel: the daemon's own buffers are not aligned, and an
+            # O_DIRECT write is volatile until an fsync all the same (the disk's cache), as the
+            # model keeps it.
+            flags &= ~(os.O_APPEND | getattr(os, "O_DIRECT", 0))
             try:  # readable too, to save blocks before they change (else through /proc, see _pread)
                 fd = os.open(full, flags & ~os.O_ACCMODE | os.O_RDWR if flags & os.O_ACCMODE == os.O_WRONLY
                              else flags, mode)

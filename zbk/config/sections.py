@@ -53,6 +53,9 @@ class JournalConfig(Section):
             reused for new segments, whose pages are then already in the page cache (only segments the
             running bookie wrote are kept; those of a previous run are removed); BookKeeper's
             ``journalReuseFiles``. False: retired segments are removed (docs/storage.md).
+        direct_io: Write the journal with ``O_DIRECT``, past the page cache (zbk/storage/journal.py,
+            "Direct I/O"): the bookie's CPU per entry at window 1,000 falls by about a fifth. A
+            file system that refuses ``O_DIRECT`` gets buffered writes. False: always buffered.
     """
 
     TABLE: ClassVar[str] = "journal"
@@ -61,7 +64,7 @@ class JournalConfig(Section):
         "max_group_wait_ms": "journal_max_group_wait_ms",
         "buffered_writes_threshold_bytes": "journal_buffered_writes_threshold_bytes",
         "max_size_mb": "journal_max_size_mb", "pre_alloc_size_mb": "journal_pre_alloc_size_mb",
-        "reuse_files": "journal_reuse_files"}
+        "reuse_files": "journal_reuse_files", "direct_io": "journal_direct_io"}
 
     write_data: bool = True
     sync_data: bool = True
@@ -70,6 +73,7 @@ class JournalConfig(Section):
     max_size_mb: int = limits.journal_segment_bytes_default // MIB
     pre_alloc_size_mb: int = limits.journal_preallocate_bytes_default // MIB
     reuse_files: bool = True
+    direct_io: bool = True
 
     @property
     def group_wait_s(self) -> float:
