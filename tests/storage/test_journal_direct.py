@@ -10,6 +10,7 @@ import os
 import random
 
 import pytest
+from helpers.journal import direct_io_ok
 
 from zbk.storage.disk import RealDisk
 from zbk.storage.journal import (
@@ -27,30 +28,9 @@ from zbk.storage.journal import (
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
-def _direct_ok(directory: str) -> bool:
-    """Whether ``directory``'s file system takes an aligned O_DIRECT write."""
-    if not O_DIRECT:
-        return False
-    import mmap
-    path = os.path.join(directory, "probe")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | O_DIRECT, 0o644)
-    except OSError:
-        return False
-    try:
-        buf = mmap.mmap(-1, DIRECT_BLOCK_BYTES)
-        os.pwrite(fd, buf, 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        os.unlink(path)
-
-
 @pytest.fixture
 def ddir(tmp_path):
-    if not _direct_ok(str(tmp_path)):
+    if not direct_io_ok(str(tmp_path)):
         pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
     return tmp_path
 

@@ -153,7 +153,7 @@ class BookieBoot:
         jc = self.cfg.journal
         self.journals = [JournalWriter(d, jc.segment_bytes, preallocate_bytes=jc.preallocate_bytes,
                                        reuse_files=limits.journal_reuse_files(jc.segment_bytes) if jc.reuse_files else 0,
-                                       direct_io=jc.direct_io)
+                                       direct_io=jc.direct_io and jc.sync_data)
                          for d in self.journal_dirs]
         # Checkpoint what replay rebuilt, so the replayed segments can go.
         checkpoint_after_replay(self.journals, self.index_dir, self.logs, self.cache)

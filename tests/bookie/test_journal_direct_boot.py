@@ -1,0 +1,33 @@
+"""A booted bookie's journals write with O_DIRECT unless told not to (``journal_direct_io``),
+or unless their commits are not fsynced (``journal_sync_data`` off), where a direct write
+would wait for the disk that a buffered one leaves to the page cache."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.journal import direct_io_ok
+
+from zbk.bookie.boot import BookieBoot
+from zbk.config import BookieConfig, JournalConfig
+from zbk.metadata.memory import MemoryMetadataStore
+
+
+@pytest.mark.parametrize(("journal", "direct"), [
+    (JournalConfig(), True),
+    (JournalConfig(direct_io=False), False),
+    (JournalConfig(sync_data=False), False),
+])
+def test_the_journals_of_a_booted_bookie_write_direct_by_default(tmp_path, journal, direct):
+    if direct and not direct_io_ok(str(tmp_path)):
+        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
+    store = MemoryMetadataStore()
+    cfg = BookieConfig(bookie_id="b1:3181", data_dir=str(tmp_path / "data"), metadata_uri=store.uri,
+                       journal_dirs=(str(tmp_path / "j0"), str(tmp_path / "j1")), journal=journal)
+    bookie = BookieBoot(cfg, store=store)
+    try:
+        bookie.boot()
+        assert [j._dfd >= 0 for j in bookie.journals] == [direct, direct]
+    finally:
+        for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
+            close()
+        store.close()
