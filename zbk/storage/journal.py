@@ -50,8 +50,9 @@ Recycling (``reuse_files``, BookKeeper's ``journalReuseFiles``)
 Direct I/O (``direct_io``)
     The records go to the disk with ``O_DIRECT`` through a second descriptor of the segment,
     bypassing the page cache: nothing reads the journal back but replay at start-up, and
-    copying every record into the page cache, then writing those pages back at the fsync,
-    was a third of a bookie's system time at window 1,000 (docs/performance.md, "Storage").
+    the journal thread's kernel time, mostly copying every record into the page cache and
+    writing those pages back at the fsync, was about a fifth of a bookie's CPU at window
+    1,000 (docs/performance.md, "Storage").
     Such writes must start and end on a block boundary (``DIRECT_BLOCK_BYTES``) and come
     from aligned memory, so each write starts at the block holding the end of the previous
     one, carries that block's bytes again (kept in memory: they are the bytes on disk, so a
@@ -388,7 +389,12 @@ class JournalWriter:
             os.close(fd)
             raise
         self._fd = fd
-        self._open_direct(path)
+        try:
+            self._open_direct(path)
+        except OSError:
+            os.close(fd)
+            self._fd = -1
+            raise
         self._offset = self._synced = HEADER_BYTES
         self._alloc_end = max(HEADER_BYTES, size)
 
