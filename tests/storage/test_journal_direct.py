@@ -104,31 +104,31 @@ def test_a_crash_keeps_every_synced_record_and_a_reopened_journal_goes_on(ddir):
     assert _replayed(ddir) == recs
 
 
+def _fill_until(w: JournalWriter, segment_id: int, written: list[tuple[int, int, bytes]], sizes: list[int],
+                rng: random.Random) -> None:
+    """One ADD per sync, each of one of ``sizes``, until the writer is on ``segment_id``."""
+    while w.segment_id < segment_id:
+        rec = (9, len(written), rng.randbytes(rng.choice(sizes)))
+        w.append(RecordType.ADD, *rec)
+        w.sync()
+        written.append(rec)
+
+
 def test_recycled_segments_written_direct_never_replay_their_old_records(ddir):
     rng = random.Random(5)
     w = JournalWriter(str(ddir), HEADER_BYTES + 40_000, direct_io=True, reuse_files=2, preallocate_bytes=16 << 10)
     written: list[tuple[int, int, bytes]] = []
-    n = 0
-    while w.segment_id < 4:
-        rec = (9, n, rng.randbytes(rng.choice([100, 3000, 5000])))
-        w.append(RecordType.ADD, *rec)
-        w.sync()
-        written.append(rec)
-        n += 1
+    _fill_until(w, 4, written, [100, 3000, 5000], rng)
     # Retire segments 1-3 (as a checkpoint past them would) and write on from free files.
     w.delete_segments_before(w.synced_mark)
     assert list_free(str(ddir)) == [2, 3]
-    first_new = n
-    while w.segment_id < 6:
-        rec = (9, n, rng.randbytes(rng.choice([10, 700, 4096])))
-        w.append(RecordType.ADD, *rec)
-        w.sync()
-        written.append(rec)
-        n += 1
+    first_new = len(written)
+    _fill_until(w, 6, written, [10, 700, 4096], rng)
     assert list_free(str(ddir)) == []  # segments 5 and 6 were made from them
     last = w.segment_id
     # A short batch into the recycled file: its tail block is padded with zeros, and the old
     # records after that must not replay.
+    n = len(written)
     w.append(RecordType.ADD, 9, n, b"x")
     w.sync()
     written.append((9, n, b"x"))
