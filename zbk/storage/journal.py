@@ -114,19 +114,13 @@ __all__ = ["BATCH_MAGIC", "BATCH_RECORD_BYTES", "FORMAT_VERSION", "FREE_SUFFIX",
 
 log = logging.getLogger(__name__)
 
-_ZEROS = bytes(limits.journal_preallocate_bytes_default)
 # O_DIRECT writes start and end on this boundary, from memory aligned to it: the page size,
 # which is also a multiple of every logical block size Linux supports.
 DIRECT_BLOCK_BYTES = mmap.PAGESIZE
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
-_direct_zeros: mmap.mmap | None = None  # page-aligned zeros for preallocation, made at first use
-
-
-def _aligned_zeros() -> mmap.mmap:
-    global _direct_zeros
-    if _direct_zeros is None:
-        _direct_zeros = mmap.mmap(-1, max(DIRECT_BLOCK_BYTES, limits.journal_preallocate_bytes_default))
-    return _direct_zeros
+# The zeros preallocation writes, buffered or direct: an anonymous mapping is page-aligned,
+# and read-only it shares the kernel's zero page until something reads it.
+_ZEROS = mmap.mmap(-1, max(DIRECT_BLOCK_BYTES, limits.journal_preallocate_bytes_default), prot=mmap.PROT_READ)
 
 
 def _align_up(n: int) -> int:
@@ -336,14 +330,10 @@ class JournalWriter:
                 # Whole blocks past the file's end; the bytes up to the first boundary read
                 # as zeros once the file grows past them.
                 start, end = _align_up(start), _align_up(end)
-                zeros = memoryview(_aligned_zeros())
-                try:
-                    while start < end:
-                        k = min(end - start, len(zeros))
-                        self._disk.pwrite(self._dfd, zeros[:k], start)
-                        start += k
-                finally:
-                    zeros.release()
+                while start < end:
+                    k = min(end - start, len(_ZEROS))
+                    self._disk.pwrite(self._dfd, _zeros(k), start)
+                    start += k
             else:
                 self._disk.pwrite(self._fd, _zeros(end - start), start)
         except OSError as e:
@@ -365,13 +355,14 @@ class JournalWriter:
         header written and fsynced before the name exists (a recycled file is renamed only
         then), then the directory fsynced."""
         self._seed = segment_seed(self._segment_id)
+        header = _encode_header(self._segment_id)
         path = os.path.join(self._dir, segment_name(self._segment_id))
         free = os.path.join(self._dir, segment_name(self._free.pop()) + FREE_SUFFIX) if self._free else None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if free is None else os.open(free, os.O_WRONLY)
         try:
             if free is None:
                 size = self._prealloc
-                self._disk.write(fd, _encode_header(self._segment_id))
+                self._disk.write(fd, header)
                 if self._prealloc > HEADER_BYTES:
                     self._disk.pwrite(fd, _zeros(self._prealloc - HEADER_BYTES), HEADER_BYTES)
                 self._disk.fsync(fd)
@@ -381,7 +372,7 @@ class JournalWriter:
                 # back ahead of the writes instead of one by one inside them.
                 if hasattr(os, "posix_fadvise") and not self._direct:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                self._disk.pwrite(fd, _encode_header(self._segment_id), 0)
+                self._disk.pwrite(fd, header, 0)
                 self._disk.fsync(fd)
                 os.rename(free, path)
             self._disk.fsync_dir(self._dir)
@@ -390,7 +381,7 @@ class JournalWriter:
             raise
         self._fd = fd
         try:
-            self._open_direct(path)
+            self._open_direct(path, header)
         except OSError:
             os.close(fd)
             self._fd = -1
@@ -398,9 +389,9 @@ class JournalWriter:
         self._offset = self._synced = HEADER_BYTES
         self._alloc_end = max(HEADER_BYTES, size)
 
-    def _open_direct(self, path: str) -> None:
-        """The O_DIRECT descriptor of the new segment ``path``, whose header is written (see
-        "Direct I/O"); none if the file system refuses it."""
+    def _open_direct(self, path: str, header: bytes) -> None:
+        """The O_DIRECT descriptor of the new segment ``path``, whose ``header`` is written
+        (see "Direct I/O"); none if the file system refuses it."""
         if not self._direct:
             return
         try:
@@ -411,7 +402,7 @@ class JournalWriter:
             log.info("journal %s: the file system refuses O_DIRECT (%s): buffered writes instead", self._dir, e)
             self._direct = False
             return
-        self._dtail = _encode_header(self._segment_id)  # the header: the start of the first block
+        self._dtail = header  # the start of the first block
 
     def _trim_free(self, keep: int) -> bool:
         """Remove the free files beyond the newest ``keep`` (the caller fsyncs the
