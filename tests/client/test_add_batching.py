@@ -13,6 +13,7 @@ and split into messages at the request limits; entries track their bookies as bi
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 from zbk import limits
@@ -27,10 +28,15 @@ from . import sim
 from .sim import SimCluster, WriteLog, check_persistence
 
 PW = b"secret"
+_LOOP = asyncio.new_event_loop()  # the pending adds' futures belong to it; none is awaited
+
+
+def teardown_module() -> None:
+    _LOOP.close()
 
 
 def _adds(n: int, size: int = 10, first: int = 0) -> list[PendingAdd]:
-    return [PendingAdd(first + i, bytes(size), size, None, 0.0) for i in range(n)]  # type: ignore[arg-type]
+    return [PendingAdd(first + i, bytes(size), size, 0.0, _LOOP) for i in range(n)]
 
 
 def _flatten(batches: list[Batch]) -> list[tuple[Any, list[int]]]:
@@ -97,7 +103,7 @@ def test_pack_of_one_entry_parts_cuts_full_messages_in_order() -> None:
         batch = Batch()
         for i in range(2500):
             size = bytes_max // 2 + 1 if i % 397 == 0 else rng.randrange(1, 4000)
-            batch.add_one(object(), PendingAdd(0, bytes(size), size, None, 0.0))  # type: ignore[arg-type]
+            batch.add_one(object(), PendingAdd(0, bytes(size), size, 0.0, _LOOP))
         fast = _pack(batch, n_max)
         assert _flatten(fast) == [(h, [0]) for h in batch.hs]
         cap = min(n_max, limits.ledgers_per_multi_add_max)
@@ -403,5 +409,29 @@ def test_handles_share_write_sets_by_ensemble_and_master_keys_by_password() -> N
             await h.close()
             assert not logs[h.ledger_id].failed
             assert await check_persistence(c, h.ledger_id, b"another" if h is other else PW, logs[h.ledger_id]) == []
+
+    sim.run(scenario())
+
+
+def test_a_settled_appends_future_holds_none_of_the_entrys_bytes() -> None:
+    """append() returns the pending entry itself as the future. Once the entry is confirmed
+    (or failed) it lets go of the entry's bytes: futures an application keeps cost it no
+    payload."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        writer = c.client("writer")
+        h = await writer.create_ledger(3, 3, 2, password=PW)
+        payload = bytes(5000)
+
+        def held(f: asyncio.Future[int]) -> list[int]:
+            return [len(r) for r in gc.get_referents(f) if isinstance(r, bytes) and len(r) >= len(payload)]
+
+        futs = [h.append(payload) for _ in range(6)]
+        assert all(held(f) for f in futs)  # unconfirmed: the bytes are still needed
+        assert await asyncio.gather(*futs) == list(range(6))
+        assert [held(f) for f in futs] == [[]] * 6
+        await h.close()
 
     sim.run(scenario())

@@ -8,20 +8,24 @@ from typing import Generic, TypeVar
 # The writer a part belongs to (LedgerHandle): a type parameter, since the writer's module
 # imports this one.
 H = TypeVar("H")
+_future_init = asyncio.Future.__init__
 
 
-class PendingAdd:
-    """One pending entry. ``acked`` and ``sent`` are bookie bit masks (AddDispatcher.bit), not
-    sets: an entry in flight is one GC-tracked object rather than three, and with 10,000
-    ledgers written at once each full collection of the cyclic GC walks every one."""
+class PendingAdd(asyncio.Future[int]):
+    """One pending entry, and the future `LedgerHandle.append` returns for it: one object
+    per entry in flight rather than two, since each one an append makes outlives the young
+    generations of the cyclic GC and brings its next full collection nearer. ``acked`` and
+    ``sent`` are bookie bit masks (AddDispatcher.bit), not sets, for the same reason. The
+    entry's bytes are dropped once it is confirmed or failed: the caller may keep the future."""
 
-    __slots__ = ("entry_id", "blob", "size", "future", "started", "acked", "sent")
+    __slots__ = ("entry_id", "blob", "size", "started", "acked", "sent")
 
-    def __init__(self, entry_id: int, blob: bytes, size: int, future: asyncio.Future[int], started: float) -> None:
+    def __init__(self, entry_id: int, blob: bytes, size: int, started: float,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        _future_init(self, loop=loop)
         self.entry_id = entry_id
         self.blob = blob
         self.size = size
-        self.future = future
         self.started = started
         self.acked = 0  # bookies that acknowledged it (bits)
         self.sent = 0  # bookies it is in flight to, or acked by (bits)

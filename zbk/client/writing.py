@@ -50,7 +50,7 @@ class LedgerHandle(ReadHandle):
     """
 
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
-                 "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot",
+                 "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot", "_ws_mask",
                  "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event",
                  "lac_sent", "_explicit", "_rechecking", "_batches", "_batches_max")
 
@@ -86,6 +86,7 @@ class LedgerHandle(ReadHandle):
         self._ws_md: LedgerMetadata | None = None  # _write_set's cache
         self._ws_first = 0
         self._ws_rot: tuple[WriteSet, ...] = ()  # tuples of str and int: untracked by the GC
+        self._ws_mask = 0
         flags = AddFlag.RECOVERY_ADD if self.recovery else AddFlag(0)
         self._add_flags = flags | AddFlag.DEFERRED_SYNC if self.deferred_sync else flags
         self._changing = False
@@ -195,12 +196,13 @@ class LedgerHandle(ReadHandle):
     def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
         if self.failed is not None:
             raise self.failed  # nothing would send it: a recovery would wait for it forever
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        a = PendingAdd(eid, blob, size, fut, time.monotonic())
+        a = PendingAdd(eid, blob, size, time.monotonic(), asyncio.get_running_loop())
         self.pending.append(a)
-        self._unsent.append(a)
-        self._dispatcher.wake(self)
-        return fut
+        unsent = self._unsent
+        unsent.append(a)
+        if len(unsent) == 1:  # the others were woken for, or wait for _advance or a change's end
+            self._dispatcher.wake(self)
+        return a
 
     def _schedule_flush(self) -> None:
         """Send every pending entry again where it is missing (after an ensemble change)."""
@@ -214,7 +216,9 @@ class LedgerHandle(ReadHandle):
         if md is not self._ws_md:
             first, ensemble = md.fragments[-1]
             self._ws_md, self._ws_first = md, first
-            self._ws_rot = self._dispatcher.rotations(ensemble, md.write_quorum)
+            self._ws_rot = rot = self._dispatcher.rotations(ensemble, md.write_quorum)
+            masks = {m for _, m in rot}  # one when WQ == E: _collect sends new entries as one part
+            self._ws_mask = masks.pop() if len(masks) == 1 else 0
         if entry_id >= self._ws_first:
             return self._ws_rot[entry_id % len(self._ws_rot)]
         return self._dispatcher.write_set_of(md.write_set(entry_id))
@@ -225,7 +229,8 @@ class LedgerHandle(ReadHandle):
         that bookie's batch). Only new entries are looked at, except after an ensemble change
         (then all pending ones). A handle with a single new entry, the common case with many
         ledgers, puts it in ``fresh`` instead: one batch per write set (its bit mask), for
-        all of that set's bookies at once, rather than a part in each bookie's batch."""
+        all of that set's bookies at once, rather than a part in each bookie's batch. So do
+        new entries that share one write set (WQ == E), as one part, not entry by entry."""
         if self._changing or self.failed is not None:
             return  # the change ends with _schedule_flush(): everything is looked at then
         adds: Any = self._unsent
@@ -269,6 +274,15 @@ class LedgerHandle(ReadHandle):
                     batch.add_one(self, a)
             a.sent = sent
             return
+        if adds and adds is not self.pending:  # new entries, sent nowhere yet
+            first = adds[0].entry_id
+            write_set(first)  # refreshes _ws_mask
+            mask = self._ws_mask
+            if mask and first >= self._ws_first:  # one write set for all: one part for all its bookies
+                for a in adds:
+                    a.sent = mask
+                fresh.setdefault(mask, Batch()).add(self, adds)
+                return
         mine: dict[str, list[PendingAdd]] = {}
         for a in adds:
             sent = a.sent
@@ -360,13 +374,17 @@ class LedgerHandle(ReadHandle):
         if now is None:
             now = time.monotonic()
         lat = [] if latencies is None else latencies
+        length = self.length
         while pending and (pending[0].acked & counted).bit_count() >= aq:
             a = pending.popleft()
-            self.last_confirmed = a.entry_id
-            self.length += a.size
+            eid = a.entry_id
+            length += a.size
             lat.append(now - a.started)
-            if not a.future.done():
-                a.future.set_result(a.entry_id)
+            a.blob = b""  # settled: the future may outlive it in the caller's hands
+            if not a.done():
+                a.set_result(eid)
+        self.last_confirmed = eid
+        self.length = length
         self._changes_without_progress = 0
         if not self.deferred_sync:
             self.lac = self.last_confirmed
@@ -490,8 +508,9 @@ class LedgerHandle(ReadHandle):
                                    and isinstance(self.failed, MetadataUnavailableError)):
             self.failed = err
         for a in self.pending:
-            if not a.future.done():
-                a.future.set_exception(err)
+            a.blob = b""  # settled: the future may outlive it in the caller's hands
+            if not a.done():
+                a.set_exception(err)
         self.pending.clear()
         self._drained()
 
