@@ -189,6 +189,8 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
     import nats
     from nats.js.api import StorageType, StreamConfig
 
+    from zbk.cli.bench import Window
+
     servers = dict(s.split("=", 1) for s in args.servers.split(","))
     name = f"BENCH{os.getpid()}"
     subject = f"bench.{os.getpid()}"
@@ -212,30 +214,31 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
             payload = os.urandom(args.size)
 
             async def run(seconds: float) -> dict[str, Any]:
-                lat: list[float] = []
-                sem = asyncio.Semaphore(args.window)
+                window = Window(args.window)  # the window zbk bench keeps, the same way
+                record = window.lat.append
                 errors = 0
 
                 def finished(start: float, fut: asyncio.Future[Any]) -> None:
                     nonlocal errors
-                    sem.release()
+                    window.release()
                     if not fut.cancelled() and fut.exception() is None:
-                        lat.append(time.perf_counter() - start)
+                        record(time.perf_counter() - start)
                     else:
                         errors += 1
 
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < seconds:
-                    await sem.acquire()
+                    if window.free <= 0:
+                        await window.wait()
+                    window.free -= 1
                     started = time.perf_counter()
                     fut = await js.publish_async(subject, payload)
                     fut.add_done_callback(functools.partial(finished, started))
-                for _ in range(args.window):
-                    await sem.acquire()
+                await window.drain(args.window)
                 elapsed = time.perf_counter() - t0
                 if errors:
                     raise RuntimeError(f"{errors} publishes failed")
-                return {**latency_report(lat, elapsed, args.size), "replicas": 3, "window": args.window,
+                return {**latency_report(list(window.lat), elapsed, args.size), "replicas": 3, "window": args.window,
                         "stream_leader": leader}
 
             if args.warmup > 0:

@@ -8,6 +8,7 @@ latency of each append (from append() to confirmation). ``--json`` prints one JS
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import functools
 import json
@@ -60,27 +61,63 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class Window:
+    """At most ``size`` operations in flight, for one sending task: ``free`` slots are taken
+    by the sender (``if w.free <= 0: await w.wait()``, then ``w.free -= 1``) and given back by
+    ``release``, which wakes the sender once per wait. It keeps a window as
+    asyncio.Semaphore does, without a coroutine and a generator per acquire (about 0.6 us,
+    a tenth of a client's own cost per append at high rates). Latencies go in ``lat``, an
+    array of doubles, which the cyclic GC never walks (a list of millions of floats is
+    walked by every full collection)."""
+
+    __slots__ = ("free", "lat", "_waiter")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.lat = array.array("d")
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def wait(self) -> None:
+        """Until a slot is free."""
+        while self.free <= 0:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    def release(self) -> None:
+        self.free += 1
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set_result(None)
+
+    async def drain(self, size: int) -> None:
+        """Until all ``size`` slots are free again (everything sent has finished)."""
+        while self.free < size:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from zbk.client.bookkeeper import AsyncBookKeeper
 
     payload = os.urandom(args.entry_size)
     limit_n = args.entries
     limit_s = args.seconds if args.seconds is not None else (None if limit_n else 10.0)
-    lat: list[float] = []
+    window = Window(args.window)
     async with AsyncBookKeeper(args.metadata) as bk:
         lh = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=b"zbk-bench",
                                     digest=args.digest)
-        sem = asyncio.Semaphore(args.window)
         done = 0
         t0 = time.perf_counter()
         last_print = t0
         tty = sys.stderr.isatty() and not args.json
+        record = window.lat.append
 
         def finished(start: float, fut: asyncio.Future[int]) -> None:
             nonlocal done
-            sem.release()
+            window.release()
             if fut.exception() is None:
-                lat.append(time.perf_counter() - start)
+                record(time.perf_counter() - start)
                 done += 1
 
         sent = 0
@@ -88,7 +125,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             now = time.perf_counter()
             if (limit_n is not None and sent >= limit_n) or (limit_s is not None and now - t0 >= limit_s):
                 break
-            await sem.acquire()
+            if window.free <= 0:
+                await window.wait()
+            window.free -= 1
             fut = lh.append(payload)
             started = time.perf_counter()
             fut.add_done_callback(functools.partial(finished, started))
@@ -96,13 +135,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             if tty and now - last_print > 0.5:
                 last_print = now
                 print(f"\r{done:,} entries, {done / (now - t0):,.0f}/s", end="", file=sys.stderr, flush=True)
-        for _ in range(args.window):
-            await sem.acquire()
+        await window.drain(args.window)
         elapsed = time.perf_counter() - t0
         await lh.close()
         if not args.keep:
             await bk.delete_ledger(lh.ledger_id)
-    lat.sort()
+    lat = sorted(window.lat)
 
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else 0.0
