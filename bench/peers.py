@@ -234,7 +234,7 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
                     started = time.perf_counter()
                     fut = await js.publish_async(subject, payload)
                     fut.add_done_callback(functools.partial(finished, started))
-                await window.drain(args.window)
+                await window.wait(args.window)
                 elapsed = time.perf_counter() - t0
                 if errors:
                     raise RuntimeError(f"{errors} publishes failed")

@@ -1,5 +1,5 @@
 """`zbk bench`'s window (zbk.cli.bench.Window): at most its size in flight, the sender woken
-when a slot frees, and a drain that waits for the last one."""
+when a slot frees, and a wait for the whole window that returns once the last one finished."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 from zbk.cli.bench import Window
 
 
-def test_the_window_keeps_at_most_its_size_in_flight_and_drains_to_zero() -> None:
+def test_the_window_keeps_at_most_its_size_in_flight_and_waits_for_the_last() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         w = Window(3)
@@ -28,7 +28,7 @@ def test_the_window_keeps_at_most_its_size_in_flight_and_drains_to_zero() -> Non
             in_flight += 1
             peak = max(peak, in_flight)
             loop.call_later(0.001 * (i % 4), done)  # they finish out of order
-        await w.drain(3)
+        await w.wait(3)
         assert (in_flight, finished, peak, w.free) == (0, 40, 3, 3)
         w.lat.append(0.5)
         assert list(w.lat) == [0.5]
@@ -36,11 +36,11 @@ def test_the_window_keeps_at_most_its_size_in_flight_and_drains_to_zero() -> Non
     asyncio.run(asyncio.wait_for(main(), 10))
 
 
-def test_a_window_with_nothing_in_flight_neither_waits_nor_drains() -> None:
+def test_a_window_with_nothing_in_flight_does_not_wait() -> None:
     async def main() -> None:
         w = Window(2)
         await w.wait()
-        await w.drain(2)
+        await w.wait(2)
         assert w.free == 2
 
     asyncio.run(asyncio.wait_for(main(), 10))

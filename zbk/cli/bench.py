@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
 class Window:
     """At most ``size`` operations in flight, for one sending task: ``free`` slots are taken
-    by the sender (``if w.free <= 0: await w.wait()``, then ``w.free -= 1``) and given back by
-    ``release``, which wakes the sender once per wait. It keeps a window as
-    asyncio.Semaphore does, without a coroutine and a generator per acquire (about 0.6 us,
-    a tenth of a client's own cost per append at high rates). Latencies go in ``lat``, an
-    array of doubles, which the cyclic GC never walks (a list of millions of floats is
-    walked by every full collection)."""
+    by the sender (``if w.free <= 0: await w.wait()``, then ``w.free -= 1``) and given back
+    by ``release``, which wakes the sender once per wait; ``w.wait(size)`` waits for the last
+    to finish. It keeps a window as asyncio.Semaphore does, without a coroutine and a
+    generator per acquire (about 0.6 us, a tenth of a client's own cost per append at high
+    rates). Latencies go in ``lat``, an array of doubles, which the cyclic GC never walks (a
+    list of millions of floats is walked by every full collection)."""
 
     __slots__ = ("free", "lat", "_waiter")
 
@@ -77,9 +77,10 @@ class Window:
         self.lat = array.array("d")
         self._waiter: asyncio.Future[None] | None = None
 
-    async def wait(self) -> None:
-        """Until a slot is free."""
-        while self.free <= 0:
+    async def wait(self, slots: int = 1) -> None:
+        """Until ``slots`` are free: one to send, or the window's size once everything sent
+        has finished."""
+        while self.free < slots:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
 
@@ -89,12 +90,6 @@ class Window:
         if waiter is not None:
             self._waiter = None
             waiter.set_result(None)
-
-    async def drain(self, size: int) -> None:
-        """Until all ``size`` slots are free again (everything sent has finished)."""
-        while self.free < size:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +130,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             if tty and now - last_print > 0.5:
                 last_print = now
                 print(f"\r{done:,} entries, {done / (now - t0):,.0f}/s", end="", file=sys.stderr, flush=True)
-        await window.drain(args.window)
+        await window.wait(args.window)
         elapsed = time.perf_counter() - t0
         await lh.close()
         if not args.keep:

@@ -133,7 +133,6 @@ def _zeros(n: int) -> bytes | memoryview:
     return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
 
 
-
 def list_free(directory: str) -> list[int]:
     """Ids of the retired segments kept for reuse in ``directory`` (``<id>.jnl.free``), ascending."""
     return _ids_named(directory, SEGMENT_SUFFIX + FREE_SUFFIX)
