@@ -81,7 +81,7 @@ class BookieBoot:
         self.ctx: zmq.Context[Any] | None = None
         self.http: AdminHttpServer | None = None
         self.lease: LeaseKeeper | None = None
-        self.autorecovery: Any = None  # zbk.recovery.process.AutoRecovery with autorecovery_enabled
+        self.autorecovery: Any = None  # zbk.recovery.embedded.EmbeddedAutoRecovery with autorecovery_enabled
         self.server: ServerCore | None = None
         self.boot_report: BootReport | None = None
         self._reg_lock = threading.Lock()

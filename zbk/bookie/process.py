@@ -9,7 +9,8 @@ any wire request is served; then:
 
 Exit codes (zbk/errors.py): EXIT_OK clean stop; EXIT_COOKIE cookie mismatch; EXIT_BOOT any
 other boot failure (corrupt journal, unreachable metadata...); EXIT_ACTOR_BASE + n when actor
-n of ACTORS crashed (any of the journals: the journal's code).
+n of ACTORS crashed (any of the journals: the journal's code); EXIT_FAILED when the
+auto-recovery it runs (``autorecovery.enabled``) crashed.
 
 One JournalWriter actor runs per journal directory (zbk/actors/journals.py names them); the
 Server, the EntryLogger and the IndexSyncer each have a pipe to every one of them.
@@ -43,7 +44,7 @@ from zbk.bookie.admin import BookieAdmin
 from zbk.bookie.boot import BootReport
 from zbk.bookie.overrepsource import BookieOverrepSource
 from zbk.config import BookieConfig
-from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_OK, CookieMismatchError
+from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_FAILED, EXIT_OK, CookieMismatchError
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
 from zbk.storage.gcstate import GcStateFile
@@ -132,13 +133,18 @@ class Bookie(BookieAdmin):
     def _start_autorecovery(self) -> None:
         """``autorecovery.enabled``: run an auditor candidate and replicator workers in this
         process, exactly as `zbk autorecovery` would, with their routes on this bookie's
-        HTTP server. A lost autorecovery lease stops the bookie (crash, don't limp)."""
-        from zbk.recovery.process import AutoRecovery
+        HTTP server. A lost autorecovery lease starts them again on a new one; a crash of
+        theirs stops the bookie (zbk/recovery/embedded.py)."""
+        from zbk.recovery.embedded import EmbeddedAutoRecovery
 
         assert self.http is not None
         arcfg = self.cfg.autorecovery_config(self.http.port)
-        self.autorecovery = AutoRecovery(arcfg, stop_event=self.stop_event, http=self.http)
+        self.autorecovery = EmbeddedAutoRecovery(arcfg, http=self.http, on_crash=self._autorecovery_crashed)
         self.autorecovery.start()
+
+    def _autorecovery_crashed(self) -> None:
+        self.exit_code = EXIT_FAILED
+        self.stop_event.set()
 
     def _make_gc(self, outbox: Outbox) -> GcCore:
         """The GarbageCollector. Its metadata listing blocks only its own thread; compaction
@@ -253,5 +259,5 @@ def run_bookie(cfg: BookieConfig, *, stop: threading.Event | None = None) -> int
     code = bookie.wait()
     bookie.stop()
     if code:
-        os._exit(code)  # an actor crashed: do not run more cleanup that could mask it
+        os._exit(code)  # a part crashed: do not run more cleanup that could mask it
     return EXIT_OK
