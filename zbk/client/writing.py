@@ -1,5 +1,5 @@
-"""Writing a ledger: LedgerHandle, with ensemble changes (the write path of
-zbk/client/handles.py); the batches of adds it hands the AddDispatcher are in
+"""Writing a ledger: LedgerHandle (the write path of zbk/client/handles.py). Its ensemble
+changes are in zbk/client/ensemble.py, the batches of adds it hands the AddDispatcher in
 zbk/client/adds.py.
 """
 
@@ -22,7 +22,6 @@ from zbk.errors import (
     LedgerFencedError,
     MetadataUnavailableError,
     MetadataVersionError,
-    NotEnoughBookiesError,
     TooManyRequestsError,
     UnauthorizedError,
     ZbkError,
@@ -36,6 +35,10 @@ from zbk.wire.status import Status
 
 # Named as the module this code was split from: log configuration and output stay as they were.
 log = logging.getLogger("zbk.client.handles")
+
+# No bookie to replace. Not a set: with 10,000 open handles every container per handle is an
+# object each full collection of the cyclic GC walks (an empty frozenset is not tracked).
+_NO_BOOKIES: frozenset[str] = frozenset()
 
 
 class LedgerHandle(ReadHandle):
@@ -365,7 +368,7 @@ class LedgerHandle(ReadHandle):
             # The new fragment starts at the LAC the change read, so an entry confirmed now
             # belongs to it, where a bookie being replaced holds nothing: only acks of the
             # bookies that stay count (its replacement is never sent an entry confirmed
-            # before the change lands). _change_ensemble confirms the rest once it is in.
+            # before the change lands). The change confirms the rest once it is in (ensemble.py).
             bit = self._dispatcher.bit
             for b in self._to_replace:
                 counted &= ~bit(b)
@@ -419,87 +422,17 @@ class LedgerHandle(ReadHandle):
                 ev = self._drain_event = asyncio.Event()
             await ev.wait()
 
+    # The failure half of the write path works on the handle from zbk/client/ensemble.py,
+    # which imports this module: imported when a bookie fails, not at import time.
     def _bookie_failed(self, bookie: str, adds: list[PendingAdd], why: str) -> None:
-        if self.failed is not None or bookie not in self.md.last_ensemble:
-            return  # a late answer from a bookie already replaced
-        keep = ~self._dispatcher.bit(bookie)
-        for a in adds:
-            a.sent &= keep
-        if bookie in self._to_replace:
-            return  # another of its requests failed first: the change under way replaces it
-        if self.closing and not self.pending and not self._changing:
-            # Every entry is confirmed and close() is writing the metadata: a change now
-            # would only race it (the ledger closes under-replicated; the auditor repairs it).
-            log.info("ledger %d: bookie %s failed (%s) while closing, all entries confirmed", self.ledger_id,
-                     bookie, why)
-            return
-        log.warning("ledger %d: bookie %s failed (%s): ensemble change", self.ledger_id, bookie, why)
-        self._to_replace |= {bookie}
-        if not self._changing:
-            self._changing = True
-            self._spawn(self._change_ensemble())
+        from zbk.client.ensemble import bookie_failed
 
-    async def _change_ensemble(self) -> None:
-        try:
-            while self._to_replace & set(self.md.last_ensemble) and self.failed is None:
-                self._changes_without_progress += 1
-                if self._changes_without_progress > self.ctx.config.ensemble_change_attempts_max:
-                    raise NotEnoughBookiesError(f"ledger {self.ledger_id}: {self._changes_without_progress - 1} "
-                                                "ensemble changes without confirming an entry")
-                await self._change_once()
-        except ZbkError as e:
-            self._fail(e)
-            return
-        finally:
-            self._changing = False
-            if not self.pending:
-                self._drained()
-        if self.failed is None:
-            self._advance()
-            self._schedule_flush()
-
-    async def _change_once(self) -> None:
-        ensemble = list(self.md.last_ensemble)
-        positions = [i for i, b in enumerate(ensemble) if b in self._to_replace]
-        replaced = [ensemble[i] for i in positions]
-        try:
-            ensemble = await self.ctx.replacements(self.md, ensemble, positions, exclude=self._to_replace,
-                                                   first_attempt=self._changes_without_progress == 1)
-        except NotEnoughBookiesError:
-            # No spare bookie, but the silent one may just be fenced by a recovering reader:
-            # then the writer must learn that it lost the ledger, not that bookies are short.
-            await self._fresh_metadata_unless_fenced()
-            raise
-        first = self.lac + 1
-        new_md = self.md.with_fragment(first, ensemble)
-        if not self.recovery:
-            try:
-                self.version = await self.ctx.write_metadata(new_md, self.version)
-            except MetadataVersionError:
-                self.md, self.version = await self._fresh_metadata_unless_fenced()
-                return  # retry on the fresh metadata
-        # Ledger recovery keeps its ensemble changes in memory and writes them with the close
-        # (as BookKeeper's ReadOnlyLedgerHandle does). Written now, they would send the
-        # recovery reads of later entries, and any later recovery, to replacement bookies
-        # that never saw the writer's copies: their "no such entry" would truncate acked ones.
-        self.md = new_md
-        self._to_replace = self._to_replace - set(replaced) or _NO_BOOKIES
-        cm.ENSEMBLE_CHANGES.inc()
-        log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, first, replaced,
-                 [b for b in ensemble if b not in self.md.fragments[0][1]] or ensemble)
-        # Acks and sends count only for bookies of each entry's new write set.
-        write_set = self._write_set
-        for a in self.pending:
-            ws = write_set(a.entry_id)[1]
-            a.acked &= ws
-            a.sent &= ws
+        bookie_failed(self, bookie, adds, why)
 
     async def _fresh_metadata_unless_fenced(self) -> tuple[LedgerMetadata, int]:
-        """The current metadata; LedgerFencedError if a recovering reader has taken over."""
-        current, version = await self.ctx.read_metadata(self.ledger_id)
-        if current.state != "OPEN" and not (self.recovery and current.state == "IN_RECOVERY"):
-            raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state}: fenced by a recovering reader")
-        return current, version
+        from zbk.client.ensemble import fresh_metadata_unless_fenced
+
+        return await fresh_metadata_unless_fenced(self)
 
     def _fail(self, err: ZbkError) -> None:
         # Fenced is the last word: it replaces "metadata unavailable", which only said that
@@ -595,5 +528,3 @@ class LedgerHandle(ReadHandle):
             self._explicit.note(self)
         return self.lac
 
-
-_NO_BOOKIES: frozenset[str] = frozenset()
