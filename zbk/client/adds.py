@@ -21,7 +21,7 @@ class PendingAdd(asyncio.Future[int]):
     __slots__ = ("entry_id", "blob", "size", "started", "acked", "sent")
 
     def __init__(self, entry_id: int, blob: bytes, size: int, started: float,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop) -> None:
         _future_init(self, loop=loop)
         self.entry_id = entry_id
         self.blob = blob
