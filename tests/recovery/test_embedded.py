@@ -18,6 +18,7 @@ from zbk.recovery.embedded import EmbeddedAutoRecovery
 class FakeAutoRecovery:
     made: list[FakeAutoRecovery] = []
     fail_starts = 0  # the next starts that raise (the store does not answer)
+    stop_raises = False
 
     def __init__(self, cfg: Any, *, stop_event: threading.Event, http: Any) -> None:
         self.stop_event = stop_event
@@ -34,6 +35,8 @@ class FakeAutoRecovery:
 
     def stop(self) -> None:
         self.stopped += 1
+        if FakeAutoRecovery.stop_raises:
+            raise RuntimeError("a bug")
 
     def lose_lease(self) -> None:
         self.lease.lost = True
@@ -47,6 +50,7 @@ class FakeAutoRecovery:
 def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAutoRecovery]:
     FakeAutoRecovery.made = []
     FakeAutoRecovery.fail_starts = 0
+    FakeAutoRecovery.stop_raises = False
     monkeypatch.setattr(embedded, "AutoRecovery", FakeAutoRecovery)
     monkeypatch.setattr(embedded.limits, "process_stop_poll_s", 0.01)
     monkeypatch.setattr(embedded.limits, "auditor_error_backoff_s_min", 0.01)
@@ -95,6 +99,18 @@ def test_a_crash_stops_the_bookie_and_is_not_restarted(fake: type[FakeAutoRecove
     assert e.restarts == 0 and len(fake.made) == 1 and fake.made[0].stopped == 0  # the bookie's stop does it
     e.stop()
     assert fake.made[0].stopped == 1
+
+
+def test_a_bug_in_the_watch_stops_the_bookie(fake: type[FakeAutoRecovery]) -> None:
+    crashes: list[str] = []
+    e = _embedded(crashes)
+    e.start()
+    fake.stop_raises = True
+    fake.made[0].lose_lease()
+    wait_until(lambda: crashes == ["crash"], timeout_s=5, message="the bookie told")
+    assert e.restarts == 0
+    fake.stop_raises = False
+    e.stop()
 
 
 def test_stop_during_a_restart_leaves_nothing_running(fake: type[FakeAutoRecovery]) -> None:

@@ -62,6 +62,14 @@ class EmbeddedAutoRecovery:
         return ar
 
     def _watch(self) -> None:
+        try:
+            self._watch_loop()
+        except BaseException:
+            # A bug here would leave the bookie running without its auto-recovery, unseen.
+            log.exception("autorecovery watch crashed: stopping the bookie")
+            self._on_crash()
+
+    def _watch_loop(self) -> None:
         while not self._stopping.is_set():
             ar = self.current
             if ar is None or not ar.stop_event.wait(limits.process_stop_poll_s) or self._stopping.is_set():
@@ -88,12 +96,14 @@ class EmbeddedAutoRecovery:
                 self._stopping.wait(delay)
                 continue
             with self._lock:
-                if self._stopping.is_set():  # stop() came meanwhile and stopped the old one
-                    ar.stop()
-                    return
-                self.current = ar
-                self.restarts += 1
-            log.info("autorecovery %s: running again", ar.candidate_id)
+                late = self._stopping.is_set()  # stop() came meanwhile: it does not see this one
+                if not late:
+                    self.current = ar
+                    self.restarts += 1
+            if late:
+                ar.stop()
+            else:
+                log.info("autorecovery %s: running again", ar.candidate_id)
             return
 
     def stop(self) -> None:
