@@ -17,6 +17,7 @@ from the moment it was actually sent.
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -121,6 +122,47 @@ def naive_latencies_ns(sent_ns: Sequence[int], done_ns: Sequence[int], w0: int, 
     """Latency from the actual send (what a closed-loop bench reports; coordinated omission
     NOT corrected): only to show, beside the corrected figure, what the correction adds."""
     return [done_ns[i] - sent_ns[i] for i in range(w0, w1) if done_ns[i] > 0 and sent_ns[i] > 0]
+
+
+def late_bursts(t0_ns: int, rate: int, sent_ns: Sequence[int], done_ns: Sequence[int], w0: int, w1: int, *,
+                over_ns: int, gap_ns: int, end_ns: int) -> list[dict[str, Any]]:
+    """When the window's late entries came: those whose latency (from the intended send
+    time; never confirmed: until ``end_ns``) is over ``over_ns``, grouped into bursts whose
+    intended send times lie less than ``gap_ns`` apart. Each burst: ``start_s`` and
+    ``end_s`` (intended times from the window's start), ``entries``, ``max_ms``, and
+    ``send_lag_ms``, the generator's own largest lateness among them: a burst it explains
+    is the client's, one it does not is the servers' (or the network's)."""
+    start = intended_ns(t0_ns, w0, rate)
+    bursts: list[dict[str, Any]] = []
+    last = -gap_ns
+    for i in range(w0, w1):
+        d = done_ns[i]
+        if d == FAILED:
+            continue
+        sched = intended_ns(t0_ns, i, rate)
+        lat = (end_ns if d == NOT_DONE else d) - sched
+        if lat <= over_ns:
+            continue
+        lag = max(0, sent_ns[i] - sched) if sent_ns[i] else 0
+        at = sched - start
+        if not bursts or at - last >= gap_ns:
+            bursts.append({"start_s": at / NS_PER_S, "end_s": at / NS_PER_S, "entries": 0, "max_ms": 0.0,
+                           "send_lag_ms": 0.0})
+        b = bursts[-1]
+        b["end_s"] = at / NS_PER_S
+        b["entries"] += 1
+        b["max_ms"] = max(b["max_ms"], lat / 1e6)
+        b["send_lag_ms"] = max(b["send_lag_ms"], lag / 1e6)
+        last = at
+    return bursts
+
+
+def burst_spacing_ms(bursts: Sequence[dict[str, Any]]) -> float | None:
+    """The median time between the starts of consecutive bursts (None below two): a steady
+    figure points at something periodic (a flush every so many bytes, a timer)."""
+    if len(bursts) < 2:
+        return None
+    return round(statistics.median(b["start_s"] - a["start_s"] for a, b in itertools.pairwise(bursts)) * 1e3, 1)
 
 
 def rank_ms(sorted_ns: Sequence[int], p: float) -> float:

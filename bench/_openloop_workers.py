@@ -32,8 +32,10 @@ from _openloop_stats import (
     FAILED,
     HOLD_P99_MS,
     NS_PER_S,
+    burst_spacing_ms,
     due_count,
     intended_ns,
+    late_bursts,
     latency_summary,
     naive_latencies_ns,
     rank_ms,
@@ -48,6 +50,8 @@ HEADER_BYTES = 16  # intended send time (ns), index
 INFLIGHT_MAX = 100_000  # as zbk's client_pending_adds_max: the same bound on both systems
 BATCH_MAX = 256  # entries sent before the loop lets completions in, when behind
 COOLDOWN_S = 0.2  # load kept on after the measured window (see writer())
+LATE_GAP_NS = 50_000_000  # late entries less than this apart (intended times) are one burst
+LATE_BURSTS_KEPT = 50  # bursts kept in a run's report
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openloop.py")
 
 
@@ -392,6 +396,12 @@ async def writer(args: argparse.Namespace) -> dict[str, Any]:
         "send_lag_max_ms": round(lag[-1] / 1e6, 3) if lag else 0.0,
         **cost(snaps["start"], snaps["end"], inside),
     }
+    # When the entries over the holding bound came, and whether the generator's own lateness
+    # explains them: what to look at when a rate is not held.
+    bursts = late_bursts(t0, rate, sent, done, w0, w1, over_ns=int(HOLD_P99_MS * 1e6), gap_ns=LATE_GAP_NS,
+                         end_ns=end_ns)
+    report["late"] = {"over_ms": HOLD_P99_MS, "entries": sum(b["entries"] for b in bursts), "bursts": len(bursts),
+                      "spacing_ms": burst_spacing_ms(bursts), "first": bursts[:LATE_BURSTS_KEPT]}
     if tail_report is not None:
         report["e2e"] = tail_report
     return report

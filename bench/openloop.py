@@ -172,6 +172,10 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
     e = r.get("e2e")
     extra = (f"  e2e p50 {e['p50_ms']:.2f} p99 {e['p99_ms']:.2f} p99.9 {e['p999_ms']:.2f} ms "
              f"({e['received']}/{e['expected']})" if e else "")
+    late = r.get("late")
+    if late and late["bursts"]:
+        every = f", every {late['spacing_ms']:.0f} ms (median)" if late["spacing_ms"] is not None else ""
+        extra += f"  over {late['over_ms']:.0f} ms: {late['entries']:,} entries in {late['bursts']} burst(s){every}"
     print(f"{label or system:>10} {rate:>7,}/s: {r['achieved_per_s']:>9,.0f}/s  p50 {r['p50_ms']:7.2f}  "
           f"p99 {r['p99_ms']:7.2f}  p99.9 {r['p999_ms']:7.2f}  max {r['max_ms']:8.2f} ms  "
           f"cpu us/entry: servers {fmt_opt(r['server_cpu_us_per_entry'])} client {fmt_opt(r['client_cpu_us_per_entry'])}  "

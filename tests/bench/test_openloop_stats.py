@@ -16,6 +16,7 @@ from _openloop_stats import (  # noqa: E402
     FAILED,
     NOT_DONE,
     NS_PER_S,
+    burst_spacing_ms,
     combine_e2e_rounds,
     combine_rounds,
     due_count,
@@ -23,6 +24,7 @@ from _openloop_stats import (  # noqa: E402
     intended_ns,
     judge,
     ladder_rates,
+    late_bursts,
     naive_latencies_ns,
     run_ladder,
     window_stats,
@@ -317,3 +319,37 @@ def test_generator_keeps_its_schedule_while_nothing_is_confirmed() -> None:
         assert int.from_bytes(payload[8:16], "little") == i and len(payload) == 64
         assert done[i] >= sent[i]
     assert len(marked) == 1 and intended_ns(t0, 50, rate) <= marked[0] <= sent[50]
+
+
+# -- where the late entries came ------------------------------------------------------------------
+def test_late_entries_group_into_bursts_with_the_generators_share() -> None:
+    rate, t0, n = 1_000, 10 * NS_PER_S, 1_000  # one entry per ms
+    sent = [intended_ns(t0, i, rate) for i in range(n)]
+    done = [intended_ns(t0, i, rate) + 2 * MS for i in range(n)]
+    for i in range(300, 310):  # a stall of the servers: confirmations 30 ms late
+        done[i] = intended_ns(t0, 310, rate) + 25 * MS
+    for i in range(600, 605):  # the generator itself 40 ms late
+        sent[i] = intended_ns(t0, i, rate) + 40 * MS
+        done[i] = sent[i] + 2 * MS
+    done[700] = FAILED  # failures are counted elsewhere, not as late
+    done[900] = NOT_DONE  # never confirmed: late until the end of the wait
+    bursts = late_bursts(t0, rate, sent, done, 100, n, over_ns=20 * MS, gap_ns=50 * MS,
+                         end_ns=intended_ns(t0, n, rate) + 10 * NS_PER_S)
+    assert [(b["entries"], round(b["start_s"], 3), round(b["end_s"], 3)) for b in bursts] == \
+        [(10, 0.2, 0.209), (5, 0.5, 0.504), (1, 0.8, 0.8)]
+    assert bursts[0]["max_ms"] == pytest.approx(35.0) and bursts[0]["send_lag_ms"] == 0.0
+    assert bursts[1]["max_ms"] == pytest.approx(42.0) and bursts[1]["send_lag_ms"] == pytest.approx(40.0)
+    assert bursts[2]["max_ms"] > 10_000
+    assert burst_spacing_ms(bursts) == 300.0
+
+
+def test_late_entries_closer_than_the_gap_are_one_burst_and_none_is_none() -> None:
+    rate, t0 = 1_000, 0
+    sent = [intended_ns(t0, i, rate) for i in range(200)]
+    done = [s + 1 * MS for s in sent]
+    assert late_bursts(t0, rate, sent, done, 0, 200, over_ns=20 * MS, gap_ns=50 * MS, end_ns=10**12) == []
+    assert burst_spacing_ms([]) is None
+    for i in (10, 50, 99):  # 40 and 49 ms apart: one burst
+        done[i] = sent[i] + 30 * MS
+    bursts = late_bursts(t0, rate, sent, done, 0, 200, over_ns=20 * MS, gap_ns=50 * MS, end_ns=10**12)
+    assert len(bursts) == 1 and bursts[0]["entries"] == 3 and burst_spacing_ms(bursts) is None
