@@ -102,7 +102,7 @@ process_stop_poll_s = 0.5  # a process's main thread looks for a stop (signal, c
 # --- entry log / index ------------------------------------------------------------------
 entry_log_bytes_default = 1024 * 1024 * 1024  # BookKeeper's logSizeLimit: one log is compacted (rewritten) whole
 entry_log_write_buffer_bytes_default = 64 * 1024  # BookKeeper's writeBufferSizeBytes: one write() per buffer
-entry_log_flush_bytes_default = 4 * 1024 * 1024  # start writeback of each this many bytes (entrylog.py)
+entry_log_flush_bytes_default = 1024 * 1024  # start writeback of each this many bytes (entrylog.py, docs/storage.md)
 entry_log_keep_cached_bytes_default = 512 * 1024 * 1024  # written data left in the page cache (entrylog.py)
 # Written data beyond the cached part is dropped from the page cache in steps of at least
 # this much: one posix_fadvise per 4 MiB written, not one per flush.
