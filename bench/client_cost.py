@@ -16,6 +16,11 @@ this one (A/B against the same bookies), e.g. the client before a change:
     mkdir -p /tmp/zbk-old && git archive <rev> zbk | tar -x -C /tmp/zbk-old
     .venv/bin/python bench/client_cost.py --counts 1,10000 --rounds 2 --client-root /tmp/zbk-old
 
+``--gc-threshold G0,G1,G2`` also runs this tree's clients with ``gc.set_threshold(G0, G1,
+G2)`` (the cyclic GC's defaults are 700, 10, 10), alternating with the defaults:
+
+    .venv/bin/python bench/client_cost.py --counts 1 --seconds 8 --rounds 4 --gc-threshold 20000,20,10
+
 ``--profile PREFIX`` records the measured part of every client run with py-spy (the client
 with ``--gil``; bookie-0 with ``--gil`` per thread, to ``PREFIX...-bookie0.txt``; raw;
 summarize with bench/profile_top.py). Every run also reports the client's cyclic GC:
@@ -50,6 +55,8 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
     payload = os.urandom(1024)
     pids = [int(x) for x in a.pids.split(",")]
     out: list[dict[str, Any]] = []
+    if a.gc_threshold:
+        gc.set_threshold(*(int(x) for x in a.gc_threshold.split(",")))
     async with AsyncBookKeeper(a.metadata) as bk:
         sem = asyncio.Semaphore(32)
         handles: list[Any] = []
@@ -161,6 +168,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--client-root", help="also run clients from this tree (a copy of the zbk package's parent)")
+    ap.add_argument("--gc-threshold", metavar="G0,G1,G2",
+                    help="also run this tree's clients with gc.set_threshold(G0, G1, G2), alternating")
     ap.add_argument("--profile", metavar="PREFIX", help="py-spy the measured part of each client run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--metadata", help=argparse.SUPPRESS)
@@ -171,17 +180,23 @@ def main() -> int:
         return 0
     install_signal_handlers(3600)
     print(f"load {loadavg()}", flush=True)
-    variants = [("this", None)] + ([("other", a.client_root)] if a.client_root else [])
+    variants: list[tuple[str, str | None, str]] = [("this", None, "")]
+    if a.client_root:
+        variants.append(("other", a.client_root, ""))
+    if a.gc_threshold:
+        variants.append(("gc", None, a.gc_threshold))
     results: list[dict[str, Any]] = []
     with ZbkCluster(3) as zc:
         for rnd in range(a.rounds):
-            for name, root in (variants if rnd % 2 == 0 else variants[::-1]):
+            for name, root, gc_threshold in (variants if rnd % 2 == 0 else variants[::-1]):
                 # The worker imports zbk from ``root`` when given (PYTHONPATH for it alone).
                 pre = [] if root is None else ["-c", f"import sys; sys.path.insert(0, {root!r}); sys.argv = sys.argv[1:]; "
                                                      f"import runpy; runpy.run_path(sys.argv[0], run_name='__main__')"]
                 argv = [sys.executable, *pre, os.path.abspath(__file__), "--worker", "--metadata", zc.metadata,
                         "--pids", ",".join(str(b.pid) for b in zc.bookies), "--counts", a.counts,
                         "--seconds", str(a.seconds), "--window", str(a.window)]
+                if gc_threshold:
+                    argv += ["--gc-threshold", gc_threshold]
                 if a.profile:
                     argv += ["--profile", f"{a.profile}-{name}-r{rnd}"]
                 for r in run_json(argv, 1800)["runs"]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import statistics
@@ -255,6 +256,8 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker_main(args: argparse.Namespace) -> int:
+    if args.gc_threshold:
+        gc.set_threshold(*(int(x) for x in args.gc_threshold.split(",")))
     cpu0 = time.process_time()
     if args.worker == "zbk":
         report = zbk_worker(args)
@@ -272,6 +275,8 @@ def worker_main(args: argparse.Namespace) -> int:
 def measure(system: str, window: int, args: argparse.Namespace, zbk: ZbkCluster, nats: NatsCluster) -> dict[str, Any]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", system, "--window", str(window),
             "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--size", str(args.size)]
+    if args.gc_threshold:
+        argv += ["--gc-threshold", args.gc_threshold]
     if system == "zbk":
         argv += ["--metadata", zbk.metadata]
         if args.profile_client:
@@ -486,6 +491,8 @@ def main() -> int:
     ap.add_argument("--nats-cpus", choices=["", "spread"], default="",
                     help="spread: each NATS server confined to one CPU, round-robin (to set against "
                          "zbk's --set actor_cpus=spread)")
+    ap.add_argument("--gc-threshold", metavar="G0,G1,G2",
+                    help="gc.set_threshold(G0, G1, G2) in every load generator (zbk's, the floor's and NATS's)")
     ap.add_argument("--floor", action="store_true",
                     help="also run zbk's floor at both windows: the same bookies, no client library")
     ap.add_argument("--plot", metavar="PNG", help="write a latency/throughput figure here")
