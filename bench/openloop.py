@@ -142,8 +142,11 @@ def spy_argv(out: str) -> list[str]:
 
 
 def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | None, nats: NatsCluster | None,
-            *, e2e: bool = False, label: str = "", floor: FloorServerCluster | None = None) -> dict[str, Any]:
-    """One writer run at ``rate``, judged; prints a line."""
+            *, e2e: bool = False, label: str = "", floor: FloorServerCluster | None = None,
+            reclaim: bool = True) -> dict[str, Any]:
+    """One writer run at ``rate``, judged; prints a line. After a run on zbk's bookies (with
+    ``reclaim``) their GC runs before the next one: each run deletes its ledger, and a ladder
+    would otherwise fill the disk (a ladder to 30,000/s, 3 rounds a rate, filled 14 GB)."""
     load_before = loadavg()
     spy = None
     if system == "zbk" and args.profile and zbk is not None:
@@ -159,6 +162,8 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
         # A run that broke (a worker that died or hung) does not hold its rate; the error is
         # kept in the report, and the other system's ladder goes on.
         print(f"{label or system:>10} {rate:>7,}/s: RUN FAILED: {err}", flush=True)
+        if reclaim:
+            reclaim_disk(system, zbk)
         time.sleep(args.settle)
         return {"system": system, "rate": rate, "holds": False, "why": "run failed", "error": str(err)[-4000:],
                 "load_before": load_before, "load_after": loadavg()}
@@ -181,8 +186,17 @@ def measure(system: str, rate: int, args: argparse.Namespace, zbk: ZbkCluster | 
           f"cpu us/entry: servers {fmt_opt(r['server_cpu_us_per_entry'])} client {fmt_opt(r['client_cpu_us_per_entry'])}  "
           f"lag p99 {r['send_lag_p99_ms']:.2f} ms  other {r['other_cores']:.2f} cores  "
           f"{'holds' if v.holds else 'FAILS: ' + v.why}{extra}", flush=True)
+    if reclaim:
+        r["gc_s"] = reclaim_disk(system, zbk)
     time.sleep(args.settle)
     return r
+
+
+def reclaim_disk(system: str, zbk: ZbkCluster | None) -> float | None:
+    """The bookies' GC run after a run on them (see measure); the seconds it took."""
+    if zbk is None or system not in ("zbk", FLOOR):
+        return None
+    return round(zbk.collect_garbage(), 2)
 
 
 def fmt_opt(x: float | None, spec: str = ".1f") -> str:
@@ -216,7 +230,8 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
     logdir = Path(tempfile.mkdtemp(prefix="openloop-readers-"))
     for rnd in range(args.rw_rounds):
         with CacheDropper(zbk, args.cold_every):
-            alone = measure("zbk", rate, args, zbk, None, label="alone")
+            # No GC runs in this phase: it could compact the old ledgers the readers read.
+            alone = measure("zbk", rate, args, zbk, None, label="alone", reclaim=False)
         readers = [start_process([sys.executable, SCRIPT, "--worker", "zbk-catchup", "--metadata", zbk.metadata,
                                   "--ledger-ids", ",".join(map(str, shares[k])), "--start", str(k),
                                   "--max-seconds", str(args.max_seconds)],
@@ -225,7 +240,7 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
             with CacheDropper(zbk, args.cold_every):
                 time.sleep(1.0)  # the readers open their ledgers and start reading
                 appetite = read_appetite(zbk, readers, 2.0)
-                beside = measure("zbk", rate, args, zbk, None, label="+readers")
+                beside = measure("zbk", rate, args, zbk, None, label="+readers", reclaim=False)
         finally:
             for p in readers:
                 stop_process(p, sig=signal.SIGTERM)
@@ -267,7 +282,7 @@ def burner_case(args: argparse.Namespace, zbk: ZbkCluster, rate: int, rnd: int, 
                for k in range(args.readers)]
     try:
         time.sleep(1.0)
-        floor = measure("zbk", rate, args, zbk, None, label="+burners")
+        floor = measure("zbk", rate, args, zbk, None, label="+burners", reclaim=False)
     finally:
         for p in burners:
             stop_process(p, sig=signal.SIGTERM)
