@@ -80,6 +80,16 @@ class WindowStats:
     censored: int  # entries never confirmed: their latency is a lower bound (end of wait - intended)
 
 
+def entry_latency_ns(done_ns: int, intended: int, end_ns: int) -> int | None:
+    """An entry's latency from its intended send time ``intended``: None if it failed; if it
+    was never confirmed (NOT_DONE), until ``end_ns``, when the run stopped waiting (a lower
+    bound, so that a system that drops behind cannot look fast by leaving its slowest
+    entries out)."""
+    if done_ns == FAILED:
+        return None
+    return max(0, (end_ns if done_ns == NOT_DONE else done_ns) - intended)
+
+
 def window_stats(t0_ns: int, rate: int, done_ns: Sequence[int], w0: int, w1: int, *, grace_ns: int,
                  end_ns: int) -> WindowStats:
     """The measured window of a run: entries ``w0 <= i < w1`` of the schedule (``t0_ns``,
@@ -90,8 +100,7 @@ def window_stats(t0_ns: int, rate: int, done_ns: Sequence[int], w0: int, w1: int
     after the window's end (the intended send time of ``w1``): an entry offered just before
     the end cannot be confirmed before it, and the latency bound is the delay it may take.
     An entry that was never confirmed (the run stopped waiting at ``end_ns``) enters the
-    latencies with ``end_ns`` minus its intended time, a lower bound of its real latency,
-    so that a system that drops behind cannot look fast by leaving its slowest entries out.
+    latencies with a lower bound of its real latency (:func:`entry_latency_ns`).
     """
     if not 0 <= w0 < w1 <= len(done_ns):
         raise ValueError(f"bad window {w0}..{w1} of {len(done_ns)} entries")
@@ -101,17 +110,17 @@ def window_stats(t0_ns: int, rate: int, done_ns: Sequence[int], w0: int, w1: int
     in_time = completed = failed = censored = 0
     for i in range(w0, w1):
         d = done_ns[i]
-        sched = intended_ns(t0_ns, i, rate)
-        if d == FAILED:
+        latency = entry_latency_ns(d, intended_ns(t0_ns, i, rate), end_ns)
+        if latency is None:
             failed += 1
-        elif d == NOT_DONE:
+            continue
+        lat.append(latency)
+        if d == NOT_DONE:
             censored += 1
-            lat.append(max(0, end_ns - sched))
         else:
             completed += 1
             if d <= deadline:
                 in_time += 1
-            lat.append(max(0, d - sched))
     inside = sum(1 for d in done_ns if start <= d <= stop)
     seconds = (stop - start) / NS_PER_S
     return WindowStats(offered=w1 - w0, completed_in_time=in_time, completed=completed, failed=failed,
@@ -136,12 +145,9 @@ def late_bursts(t0_ns: int, rate: int, sent_ns: Sequence[int], done_ns: Sequence
     bursts: list[dict[str, Any]] = []
     last = -gap_ns
     for i in range(w0, w1):
-        d = done_ns[i]
-        if d == FAILED:
-            continue
         sched = intended_ns(t0_ns, i, rate)
-        lat = (end_ns if d == NOT_DONE else d) - sched
-        if lat <= over_ns:
+        lat = entry_latency_ns(done_ns[i], sched, end_ns)
+        if lat is None or lat <= over_ns:
             continue
         lag = max(0, sent_ns[i] - sched) if sent_ns[i] else 0
         at = sched - start

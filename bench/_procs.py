@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import re
@@ -195,6 +196,11 @@ def http_post_json(url: str, body: dict[str, Any], timeout_s: float = 5.0) -> st
     return urllib.request.urlopen(req, timeout=timeout_s).read().decode()
 
 
+def set_gc_threshold(spec: str) -> None:
+    """``gc.set_threshold`` from a benchmark's ``--gc-threshold G0,G1,G2``."""
+    gc.set_threshold(*(int(x) for x in spec.split(",")))
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -249,6 +255,14 @@ class Bookie:
 
     def metrics(self) -> str:
         return http_get(f"http://{LOOPBACK}:{self.http_port}/metrics")
+
+    @property
+    def gc_url(self) -> str:
+        """POST runs the bookie's garbage collection now; GET says whether such a run is on."""
+        return f"http://{LOOPBACK}:{self.http_port}/api/v1/bookie/gc"
+
+    def gc_running(self) -> bool:
+        return bool(json.loads(http_get(self.gc_url))["is_in_force_gc"])
 
     def sums(self) -> dict[str, float]:
         """Sums and counts of the bookie's add-latency, fsync and group-commit histograms."""
@@ -323,11 +337,10 @@ class ZbkCluster(_Cluster):
         metadata, which are done by then), which the GC held off would keep."""
         t0 = time.monotonic()
         for b in self.bookies:
-            http_post_json(f"http://{LOOPBACK}:{b.http_port}/api/v1/bookie/gc", {})
+            http_post_json(b.gc_url, {})
         deadline = t0 + timeout_s
         for b in self.bookies:
-            url = f"http://{LOOPBACK}:{b.http_port}/api/v1/bookie/gc"
-            while json.loads(http_get(url))["is_in_force_gc"]:
+            while b.gc_running():
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{b.name}: garbage collection still running after {timeout_s:.0f} s")
                 time.sleep(0.1)

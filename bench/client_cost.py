@@ -43,7 +43,16 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import ZbkCluster, cpu_seconds, install_signal_handlers, loadavg, pct, run_json, wait_idle  # noqa: E402
+from _procs import (  # noqa: E402
+    ZbkCluster,
+    cpu_seconds,
+    install_signal_handlers,
+    loadavg,
+    pct,
+    run_json,
+    set_gc_threshold,
+    wait_idle,
+)
 
 PASSWORD = b"zbk-client-cost"
 
@@ -56,7 +65,7 @@ async def _measure(a: argparse.Namespace) -> list[dict[str, Any]]:
     pids = [int(x) for x in a.pids.split(",")]
     out: list[dict[str, Any]] = []
     if a.gc_threshold:
-        gc.set_threshold(*(int(x) for x in a.gc_threshold.split(",")))
+        set_gc_threshold(a.gc_threshold)
     async with AsyncBookKeeper(a.metadata) as bk:
         sem = asyncio.Semaphore(32)
         handles: list[Any] = []

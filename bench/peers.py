@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import gc
 import json
 import os
 import statistics
@@ -62,6 +61,7 @@ from _procs import (  # noqa: E402
     pct,
     rss_bytes,
     run_json,
+    set_gc_threshold,
 )
 
 SYSTEMS = ("zbk", "nats")
@@ -257,7 +257,7 @@ async def _nats_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_main(args: argparse.Namespace) -> int:
     if args.gc_threshold:
-        gc.set_threshold(*(int(x) for x in args.gc_threshold.split(",")))
+        set_gc_threshold(args.gc_threshold)
     cpu0 = time.process_time()
     if args.worker == "zbk":
         report = zbk_worker(args)
