@@ -138,11 +138,19 @@ def flip(path: Path, offset: int, mask: int) -> None:
         os.close(fd)
 
 
-def damage(victim: BookieNode, rng: random.Random) -> dict[str, int]:
-    """One round of damage to the victim's files; what was done, by kind."""
+def log_records(victim: BookieNode) -> list[tuple[Path, int, int, int, int]]:
+    """Every entry log record of the victim: (file, ledger id, entry id, offset, blob bytes).
+    Taken before any damage: a scan stops at the first bad record, so one taken after a
+    round sees only the records before its first flip in each file."""
     logs = sorted(victim.data_dir.rglob("*.log"))
     records = [(path, lid, eid, off, len(blob)) for path in logs for lid, eid, off, blob in scan_file(str(path))]
     assert records, f"no entry log records under {victim.data_dir}"
+    return records
+
+
+def damage(victim: BookieNode, records: list[tuple[Path, int, int, int, int]], rng: random.Random) -> dict[str, int]:
+    """One round of damage to the victim's files (``records``: log_records, taken before the
+    first round); what was done, by kind."""
     done = {"raw_log": 0, "silent": 0, "index": 0}
     for _ in range(RAW_LOG_FLIPS):
         path, _, _, off, size = rng.choice(records)
@@ -243,8 +251,9 @@ def test_reads_never_return_damaged_bytes_and_the_check_repairs_the_replica(clus
         time.sleep(2.0)
         clean_reads = stats.reads
         done: dict[str, int] = {}
+        records = log_records(victim)
         for _ in range(ROUNDS):
-            for kind, n in damage(victim, rng).items():
+            for kind, n in damage(victim, records, rng).items():
                 done[kind] = done.get(kind, 0) + n
             time.sleep(1.5)
         time.sleep(3.0)
