@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from helpers.procs import free_port, start_process, stop_process, tail
@@ -76,20 +77,33 @@ class BookieProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the bookie answers on its wire port and is registered: the wire server starts
+        before the registration (two metadata writes, or a wait for a lease a killed process
+        left), and a client sees only registered bookies (GET is_ready answers 200 then)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"bookie exited with {self.proc.returncode}:\n{tail(self.log)}")
-            try:
-                with BookieConnection(self.bookie_id, timeout_s=0.5, curve=self.curve, address=self.address) as c:
-                    resp = c.call(w.BookieInfoRequest(rid=c.next_rid()))
-                    if resp.status == 0:
-                        return
-            except ZbkError:
-                pass
+            if self._answers() and self._registered():
+                return
             time.sleep(0.1)
         raise AssertionError(f"bookie not ready in {timeout_s}s:\n{tail(self.log)}")
+
+    def _answers(self) -> bool:
+        try:
+            with BookieConnection(self.bookie_id, timeout_s=0.5, curve=self.curve, address=self.address) as c:
+                return c.call(w.BookieInfoRequest(rid=c.next_rid())).status == 0
+        except ZbkError:
+            return False
+
+    def _registered(self) -> bool:
+        url = f"http://{self.http_host}:{self.http_port}/api/v1/bookie/is_ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError):  # 503 (HTTPError is an OSError), refused, timed out
+            return False
 
     def kill9(self) -> None:
         assert self.proc is not None
