@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers.journal import records_end, write_torn
+from helpers.wait import wait_until
 
 from zbk.errors import ZbkError
 from zbk.storage.journal import list_segments, segment_name
@@ -145,8 +146,8 @@ def test_entries_survive_clean_restart_and_checkpoint(bookies):
             resp = c.call(w.AddRequest(rid=c.next_rid(), ledger_id=9, master_key=MK, flags=w.AddFlag(0),
                                        entries=[entry(9, e, 4096) for e in range(k * 25, k * 25 + 25)]))
             assert resp.status == Status.EOK
-    time.sleep(1.0)  # let checkpoints run and trim the journal
-    assert len(list_segments(str(bk.data_dir / "journal"))) <= 3, "checkpoints did not trim the journal"
+    wait_until(lambda: len(list_segments(str(bk.data_dir / "journal"))) <= 3, timeout_s=30,
+               message="checkpoints to trim the journal")
     assert bk.stop() == 0
     bk.start()
     with bk.connect() as c:

@@ -48,7 +48,7 @@ def test_shell_commands(three, tmp_path):
     import zbk as client
 
     with client.BookKeeper(uri) as bk:
-        lh = bk.create_ledger(3, 3, 2, password=b"pw")
+        lh = bk.create_ledger(3, 3, 3, password=b"pw")  # AQ3: every bookie has every entry at the close
         for i in range(20):
             lh.append(b"entry-%d" % i)
         lid = lh.ledger_id

@@ -105,7 +105,7 @@ def test_readentry_and_ledgerentries_work_exactly_as_their_help_shows(bookies):
 
     bks = [bookies(f"b{i}").start() for i in range(3)]
     with zbk.BookKeeper(bookies.metadata_uri) as bk:
-        lh = bk.create_ledger(3, 3, 2, password=b"pw")
+        lh = bk.create_ledger(3, 3, 3, password=b"pw")  # AQ3: every bookie has every entry at the close
         for i in range(10):
             lh.append(b"entry-%d" % i)
         lid = lh.ledger_id

@@ -93,7 +93,9 @@ def test_name_id_bookies_are_rereplicated_and_serve_as_sources(rcluster) -> None
             return all(victim not in meta.read(lid)[0].all_bookies() for lid in victim_ledgers)
 
         wait_until(repaired, timeout_s=120, interval_s=0.2, message=f"the ledgers of {victim} re-replicated")
-        assert ar.metric("zbk_replicator_ledgers_replicated_total") == len(victim_ledgers)
+        # The counter moves after the mark is cleared (the mark goes from a worker thread).
+        wait_until(lambda: ar.metric("zbk_replicator_ledgers_replicated_total") == len(victim_ledgers),
+                   timeout_s=10, message="the replicator to count the ledgers")
         resolver = BookieResolver(store)
         with zbk.BookKeeper(rcluster.uri, config=FAST) as bk:
             for lid in sorted(ledgers):
