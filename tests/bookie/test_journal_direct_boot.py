@@ -1,6 +1,7 @@
-"""A booted bookie's journals write with O_DIRECT unless told not to (``journal_direct_io``),
-or unless their commits are not fsynced (``journal_sync_data`` off), where a direct write
-would wait for the disk that a buffered one leaves to the page cache."""
+"""A booted bookie's journals and entry logs write with O_DIRECT unless told not to
+(``journal_direct_io``, ``entry_log_direct_io``). Journals whose commits are not fsynced
+(``journal_sync_data`` off) write buffered, where a direct write would wait for the disk that
+a buffered one leaves to the page cache; so do entry logs per ledger."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from helpers.journal import direct_io_ok
 
 from zbk.bookie.boot import BookieBoot
-from zbk.config import BookieConfig, JournalConfig
+from zbk.config import BookieConfig, EntryLogConfig, JournalConfig
 from zbk.metadata.memory import MemoryMetadataStore
 
 
@@ -27,6 +28,28 @@ def test_the_journals_of_a_booted_bookie_write_direct_by_default(tmp_path, journ
     try:
         bookie.boot()
         assert [j._dfd >= 0 for j in bookie.journals] == [direct, direct]
+    finally:
+        for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
+            close()
+        store.close()
+
+
+@pytest.mark.parametrize(("entry_log", "direct"), [
+    (EntryLogConfig(), True),
+    (EntryLogConfig(direct_io=False), False),
+    (EntryLogConfig(per_ledger=True), False),
+])
+def test_the_entry_logs_of_a_booted_bookie_write_direct_by_default(tmp_path, entry_log, direct):
+    if direct and not direct_io_ok(str(tmp_path)):
+        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
+    store = MemoryMetadataStore()
+    cfg = BookieConfig(bookie_id="b1:3181", data_dir=str(tmp_path / "data"), metadata_uri=store.uri,
+                       entry_log=entry_log)
+    bookie = BookieBoot(cfg, store=store)
+    try:
+        bookie.boot()
+        bookie.logs.append(1, 0, b"x" * 5000)
+        assert [lg.dfd >= 0 for lg in bookie.logs._active.values()] == [direct]
     finally:
         for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
             close()

@@ -125,7 +125,8 @@ class BookieBoot:
                                    per_ledger=el.per_ledger,
                                    open_max=el.open_max,
                                    expire_after_access_s=el.expire_after_access_s,
-                                   clock=self.clock)
+                                   clock=self.clock,
+                                   direct_io=el.direct_io)
         self.cache = LedgerCache(list(self.cfg.index_dirs), bytes_max=self.cfg.index.cache_bytes_max,
                                  syncfs=self.cfg.index.flush_syncfs, files_open_max=self._index_files_open_max())
         if self.cache.sync_mode == "syncfs":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -24,6 +25,57 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # collections.abc.Buffer arrives with Python 3.12
     from typing_extensions import Buffer
+
+
+# O_DIRECT writes start and end on this boundary, from memory aligned to it: the page size,
+# which is also a multiple of every logical block size Linux supports.
+DIRECT_BLOCK_BYTES = mmap.PAGESIZE
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+
+
+def align_up(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`DIRECT_BLOCK_BYTES`."""
+    return -(-n // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
+
+
+class DirectWrites:
+    """Appends to a file through an ``O_DIRECT`` descriptor, from page-aligned memory it keeps.
+
+    Such a write must start and end on a block boundary, so each one starts at the block
+    holding the end of the previous one and carries that block's bytes again (the caller
+    keeps them, the *tail*: they are the bytes on disk, so a torn rewrite leaves them as
+    they were), and its last block is padded with zeros. Used by the journal and the entry
+    logs, whose formats read the zeros as the end of the records.
+    """
+
+    def __init__(self, min_bytes: int) -> None:
+        self._min = min_bytes
+        self._mem: mmap.mmap | None = None
+
+    def write(self, disk: Disk, fd: int, tail: bytes, data: Buffer, offset: int) -> bytes:
+        """Write ``data`` at file ``offset`` (after ``tail``, the bytes from the block boundary
+        below ``offset``); returns the new tail. An ``OSError`` is raised as it came: ``EINVAL``
+        means the file system refused the write before writing anything."""
+        start = offset - len(tail)
+        n = len(tail) + memoryview(data).nbytes
+        padded = align_up(n)
+        mem = self._mem
+        if mem is None or len(mem) < padded:
+            mem = self._mem = mmap.mmap(-1, max(padded, self._min))
+        view = memoryview(mem)
+        try:
+            view[:len(tail)] = tail
+            view[len(tail):n] = data
+            view[n:padded] = bytes(padded - n)
+            disk.pwrite(fd, view[:padded], start)
+            return bytes(view[n - n % DIRECT_BLOCK_BYTES:n])
+        finally:
+            view.release()
+
+    def drop(self) -> None:
+        """Let the memory go (unmapped once no view of it is left: a failed write's
+        traceback may hold one)."""
+        self._mem = None
 
 
 class Disk(Protocol):

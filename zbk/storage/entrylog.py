@@ -24,6 +24,24 @@ Page cache ("drop behind", ``keep_cached_bytes``)
     are served from disk (with the kernel's readahead). ``keep_cached_bytes=0``: caching is
     left to the kernel.
 
+Direct I/O (``direct_io``)
+    Buffers are written with ``O_DIRECT`` through a second descriptor of the log, past the
+    page cache: copying every entry into the cache and writing those pages back took about
+    a fifth of a bookie's CPU at window 1,000 (docs/performance.md, "Storage"), and most
+    entries are never read back, or read long after (a tailing reader's newest entries come
+    from the Server's memory, zbk/actors/tailcache.py). Such writes go whole blocks at a
+    time (:class:`zbk.storage.disk.DirectWrites`): each starts at the block holding the end
+    of the previous one, which it writes again, and pads its last block with zeros, which a
+    scan reads as the end of the records (as it reads a torn tail). Rotation cuts those zeros
+    off after the footer, whose trailer must end the file. Reads go through the buffered
+    descriptor: the kernel drops cached pages of a range written direct, so a read never
+    sees stale bytes. ``keep_cached_bytes`` and ``writeback_bytes`` do not apply: no written
+    page is cached or left dirty. The flush's fsync still makes the data durable (a direct
+    write may sit in the disk's cache). Logs per ledger stay buffered (each would need a
+    second descriptor, and their small writes would rewrite a block each time), and so does
+    a file system that refuses ``O_DIRECT`` (tmpfs, some FUSE mounts) at the open or at the
+    first write, with an info line.
+
 Entry log per ledger (BP-32)
     With ``per_ledger=True`` each ledger has its own active log. A log is rotated (footer
     written) when its ledger was write-closed (at the next flush), when it was idle for
@@ -37,6 +55,7 @@ Failure
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -48,7 +67,7 @@ from crc32c import crc32c
 from zbk import limits
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieIOError, CorruptDataError
-from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk, align_up
 from zbk.storage.entrylogformat import (
     _CRC,
     _LAST_ID,
@@ -98,7 +117,8 @@ class EntryLogWriter(EntryLogReads):
                  expire_after_access_s: float = limits.entry_log_expire_after_access_s,
                  clock: Clock = SYSTEM_CLOCK,
                  writeback_bytes: int = limits.entry_log_flush_bytes_default,
-                 keep_cached_bytes: int = limits.entry_log_keep_cached_bytes_default) -> None:
+                 keep_cached_bytes: int = limits.entry_log_keep_cached_bytes_default,
+                 direct_io: bool = False) -> None:
         assert dirs, "at least one ledger directory"
         assert HEADER_BYTES < size_limit_bytes <= OFFSET_MASK, "size limit must fit a 40-bit offset"
         assert open_max >= 1
@@ -110,6 +130,10 @@ class EntryLogWriter(EntryLogReads):
         # Written ranges still in the page cache, oldest first: [log id, start, end].
         self._cached: deque[list[int]] = deque()
         self._cached_bytes = 0
+        # "Direct I/O": interleaved logs only (a log per ledger would need a second descriptor
+        # each, and its small writes would rewrite their last block every time).
+        self._direct = direct_io and O_DIRECT != 0 and not per_ledger
+        self._dwrites = DirectWrites(limits.entry_log_direct_buffer_bytes_min)
         self._disk = disk
         self._per_ledger = per_ledger
         self._open_max = open_max
@@ -190,8 +214,12 @@ class EntryLogWriter(EntryLogReads):
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             end = _usage_of(mm, size, usage)
         if end < size:
-            log.warning("entry log %s: unreadable record at offset %d; sealed there (%d bytes after it "
-                        "ignored)", path, end, size - end)
+            if not os.pread(fd, size - end, end).strip(b"\0"):  # a direct write's padding, or blocks never written
+                log.info("entry log %s: records end at offset %d, then %d zero bytes; sealed there", path, end,
+                         size - end)
+            else:
+                log.warning("entry log %s: unreadable record at offset %d; sealed there (%d bytes after it "
+                            "ignored)", path, end, size - end)
         footer = Footer(end, usage)
         self._disk.pwrite(fd, _encode_footer(log_id, end, usage, size), size)
         self._disk.fsync(fd)
@@ -277,7 +305,44 @@ class EntryLogWriter(EntryLogReads):
         self._paths[log_id] = path
         self._open[log_id] = lg
         self._active[key] = lg
+        if self._direct:
+            self._open_direct(lg)
         return lg
+
+    def _open_direct(self, lg: _Log) -> None:
+        """The O_DIRECT descriptor of the new log ``lg`` (see "Direct I/O"); none if the file
+        system refuses it."""
+        try:
+            lg.dfd = os.open(lg.path, os.O_WRONLY | O_DIRECT)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            log.info("entry logs in %s: the file system refuses O_DIRECT (%s): buffered writes instead",
+                     lg.directory, e)
+            self._direct = False
+
+    def _write_direct(self, lg: _Log) -> bool:
+        """Write the buffer of ``lg`` through its O_DIRECT descriptor; False, with direct I/O
+        turned off for every log, if the file system refused it before writing anything."""
+        try:
+            lg.dtail = self._dwrites.write(self._disk, lg.dfd, lg.dtail, lg.buf, lg.written)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # The message only: the error's traceback holds views of the buffer.
+            log.info("entry log %s: O_DIRECT writes refused (%s): buffered writes instead", lg.path, str(e))
+            self._direct = False
+            for other in self._open.values():
+                self._close_direct(other)
+            return False
+        lg.file_end = max(lg.file_end, align_up(lg.written + len(lg.buf)))
+        return True
+
+    @staticmethod
+    def _close_direct(lg: _Log) -> None:
+        if lg.dfd >= 0:
+            os.close(lg.dfd)
+            lg.dfd = -1
 
     def _pick_dir(self) -> str:
         if len(self._dirs) == 1:
@@ -293,7 +358,10 @@ class EntryLogWriter(EntryLogReads):
         if not lg.buf:
             return
         try:
-            self._disk.write(lg.fd, lg.buf)
+            direct = lg.dfd >= 0 and self._write_direct(lg)
+            if not direct:
+                # At the offset, not the file position: direct writes went through another descriptor.
+                self._disk.pwrite(lg.fd, lg.buf, lg.written)
         except OSError as e:
             # The buffer stays: its entries are still readable from memory.
             self._failed = e
@@ -303,6 +371,8 @@ class EntryLogWriter(EntryLogReads):
         self._bytes_written += len(lg.buf)
         lg.buf = bytearray()
         lg.unsynced = True
+        if direct:  # past the page cache: nothing to drop, nothing to write back
+            return
         if self._keep_cached:
             self._note_cached(lg.log_id, start, lg.written)
         if self._writeback_bytes and lg.written - lg.writeback_from >= self._writeback_bytes:
@@ -354,6 +424,13 @@ class EntryLogWriter(EntryLogReads):
         data_end = lg.written + len(lg.buf)
         lg.buf += _encode_footer(lg.log_id, data_end, lg.usage, data_end)
         self._write_out(lg)
+        self._close_direct(lg)
+        if lg.file_end > lg.written:  # zeros after the footer: the trailer must end the file
+            try:
+                self._disk.truncate(lg.fd, lg.written)
+            except OSError as e:
+                self._failed = e
+                raise
         self._footers[lg.log_id] = Footer(data_end, lg.usage)
         self._retired.append(lg)
 
@@ -513,6 +590,7 @@ class EntryLogWriter(EntryLogReads):
                 self.flush()
         finally:
             for lg in self._open.values():
+                self._close_direct(lg)
                 os.close(lg.fd)
             self._open.clear()
             self._active.clear()

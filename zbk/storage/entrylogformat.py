@@ -41,6 +41,8 @@ Crash recovery ("sealing")
     read strictly: a bad record before ``end`` is :class:`CorruptDataError`. Torn tails
     hold only entries that were never flushed; checkpoints flush the entry logs before
     the index points at them, and journal replay re-adds newer entries into new logs.
+    A tail of nothing but zeros (the padding of a direct write, zbk/storage/entrylog.py, or
+    blocks never written) is logged as information; any other bad tail as a warning.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ from crc32c import crc32c
 
 from zbk import limits
 from zbk.errors import BookieIOError
-from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, REAL_DISK, DirectWrites, Disk, align_up
 from zbk.storage.journalformat import (
     _ADD,
     _BODY_MIN,
@@ -114,17 +114,9 @@ __all__ = ["BATCH_MAGIC", "BATCH_RECORD_BYTES", "FORMAT_VERSION", "FREE_SUFFIX",
 
 log = logging.getLogger(__name__)
 
-# O_DIRECT writes start and end on this boundary, from memory aligned to it: the page size,
-# which is also a multiple of every logical block size Linux supports.
-DIRECT_BLOCK_BYTES = mmap.PAGESIZE
-_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 # The zeros preallocation writes, buffered or direct: an anonymous mapping is page-aligned,
 # and read-only it shares the kernel's zero page until something reads it.
 _ZEROS = mmap.mmap(-1, max(DIRECT_BLOCK_BYTES, limits.journal_preallocate_bytes_default), prot=mmap.PROT_READ)
-
-
-def _align_up(n: int) -> int:
-    return -(-n // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
 
 
 def _zeros(n: int) -> bytes | memoryview:
@@ -172,10 +164,10 @@ class JournalWriter:
         self._fd = -1
         # "Direct I/O": the O_DIRECT descriptor of the current segment (-1: buffered writes),
         # the bytes of the block holding its end, and the aligned buffer a write is built in.
-        self._direct = direct_io and _O_DIRECT != 0
+        self._direct = direct_io and O_DIRECT != 0
         self._dfd = -1
         self._dtail = b""
-        self._dbuf: mmap.mmap | None = None
+        self._dwrites = DirectWrites(2 * limits.journal_preallocate_bytes_default)
         self._offset = 0  # bytes written to the current segment
         self._synced = 0  # bytes of the current segment known to be fsynced
         # The buffer always starts with room for the batch record, filled in by sync().
@@ -276,35 +268,20 @@ class JournalWriter:
         """Write ``buf`` at the end of the records through the O_DIRECT descriptor (see
         "Direct I/O"); False, with direct I/O turned off, if the file system refused it
         before writing anything."""
-        tail = self._dtail
-        start = self._offset - len(tail)
-        n = len(tail) + len(buf)
-        padded = _align_up(n)
-        dbuf = self._dbuf
-        if dbuf is None or len(dbuf) < padded:
-            dbuf = self._dbuf = mmap.mmap(-1, max(padded, 2 * limits.journal_preallocate_bytes_default))
-        view = memoryview(dbuf)
         try:
-            view[:len(tail)] = tail
-            view[len(tail):n] = buf
-            view[n:padded] = bytes(padded - n)
-            try:
-                self._disk.pwrite(self._dfd, view[:padded], start)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                # Refused before any byte was written (misaligned for this file system).
-                # The message only: the error's traceback holds views of the buffer.
-                log.info("journal %s: O_DIRECT writes refused (%s): buffered writes instead", self._dir, str(e))
-                self._close_direct()
-                self._direct = False
-                return False
-            cut = n - n % DIRECT_BLOCK_BYTES
-            self._dtail = bytes(view[cut:n])
-        finally:
-            view.release()
-        if start + padded > self._alloc_end:
-            self._alloc_end = start + padded
+            self._dtail = self._dwrites.write(self._disk, self._dfd, self._dtail, buf, self._offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # Refused before any byte was written (misaligned for this file system).
+            # The message only: the error's traceback holds views of the buffer.
+            log.info("journal %s: O_DIRECT writes refused (%s): buffered writes instead", self._dir, str(e))
+            self._close_direct()
+            self._direct = False
+            return False
+        end = align_up(self._offset + len(buf))
+        if end > self._alloc_end:
+            self._alloc_end = end
         return True
 
     def _close_direct(self) -> None:
@@ -328,7 +305,7 @@ class JournalWriter:
             if self._dfd >= 0:
                 # Whole blocks past the file's end; the bytes up to the first boundary read
                 # as zeros once the file grows past them.
-                start, end = _align_up(start), _align_up(end)
+                start, end = align_up(start), align_up(end)
                 while start < end:
                     k = min(end - start, len(_ZEROS))
                     self._disk.pwrite(self._dfd, _zeros(k), start)
@@ -394,7 +371,7 @@ class JournalWriter:
         if not self._direct:
             return
         try:
-            self._dfd = os.open(path, os.O_WRONLY | _O_DIRECT)
+            self._dfd = os.open(path, os.O_WRONLY | O_DIRECT)
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
@@ -478,7 +455,7 @@ class JournalWriter:
             self._close_direct()
             os.close(self._fd)
             self._fd = -1
-            self._dbuf = None  # unmapped once no view of it is left (a failed write's traceback may hold one)
+            self._dwrites.drop()
 
     def _check_usable(self) -> None:
         if self._failed is not None:
