@@ -115,13 +115,13 @@ class EntryLogConfig(Section):
         size_limit_mb: An entry log is rotated at this size.
         write_buffer_bytes: Entries are held in process memory up to this size before they are
             written to the file; a kill -9 loses them (with the journal off, that is BP-46's data loss).
-        flush_bytes: Writeback of an entry log starts every this many bytes (asynchronously, no
-            wait), so that a checkpoint's fsync finds little left to write and does not stall the
-            journals behind it; 0: left to the kernel and the checkpoint.
-        keep_cached_mb: Of the data the entry logger wrote, the newest this many MiB stay in the
-            page cache; older pages are dropped once on disk, so that writing does not keep taking new
-            memory (reads of older entries then come from disk; zbk/storage/entrylog.py, "Page cache");
-            0: the kernel decides.
+        flush_bytes: With buffered writes, writeback of an entry log starts every this many bytes
+            (asynchronously, no wait), so that a checkpoint's fsync finds little left to write and
+            does not stall the journals behind it; 0: left to the kernel and the checkpoint.
+        keep_cached_mb: With buffered writes, of the data the entry logger wrote, the newest this many
+            MiB stay in the page cache; older pages are dropped once on disk, so that writing does not
+            keep taking new memory (reads of older entries then come from disk;
+            zbk/storage/entrylog.py, "Page cache"); 0: the kernel decides.
         per_ledger: One entry log per ledger (BP-32): deleting ledgers is cheap.
         open_max: With ``per_ledger``, the logs kept open at once (least recently used rotated
             first).

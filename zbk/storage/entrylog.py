@@ -9,7 +9,7 @@ Writing
     first step of a checkpoint. Until then entries live only in memory or the page cache:
     the journal, not the entry log, is what makes an acknowledged add durable.
 
-Page cache ("drop behind", ``keep_cached_bytes``)
+Page cache ("drop behind", ``keep_cached_bytes``; buffered writes only)
     Of everything the writer has written, the last ``keep_cached_bytes`` (across its logs)
     are left in the page cache for readers; older ranges are dropped from it
     (``posix_fadvise(DONTNEED)``, :meth:`Disk.drop_cache`) in steps of
