@@ -127,11 +127,13 @@ class EntryLogConfig(Section):
             first).
         expire_after_access_s: With ``per_ledger``, a log idle this long is rotated.
         direct_io: Write the entry logs with ``O_DIRECT``, past the page cache
-            (zbk/storage/entrylog.py, "Direct I/O"): the copy into the page cache and its writeback
-            were a fifth of a bookie's CPU at window 1,000. Reads then come from the disk, except
+            (zbk/storage/entrylog.py, "Direct I/O"): the copy into the page cache was a third of one
+            bookie's CPU at window 1,000, its writeback the kernel's. Reads then come from the disk, except
             tailing readers' (the Server keeps the newest entries of long-polled ledgers), and
             ``flush_bytes`` and ``keep_cached_mb`` have nothing to do. Logs per ledger
             (``per_ledger``), and a file system that refuses ``O_DIRECT``, get buffered writes.
+            A direct write waits for the disk, once per ``write_buffer_bytes`` on the add path:
+            with ledger directories on a disk much slower than the journal's, set it false.
             False: always buffered.
     """
 

@@ -26,21 +26,15 @@ Page cache ("drop behind", ``keep_cached_bytes``; buffered writes only)
 
 Direct I/O (``direct_io``)
     Buffers are written with ``O_DIRECT`` through a second descriptor of the log, past the
-    page cache: copying every entry into the cache and writing those pages back took about
-    a fifth of a bookie's CPU at window 1,000 (docs/performance.md, "Storage"), and most
-    entries are never read back, or read long after (a tailing reader's newest entries come
-    from the Server's memory, zbk/actors/tailcache.py). Such writes go whole blocks at a
-    time (:class:`zbk.storage.disk.DirectWrites`): each starts at the block holding the end
-    of the previous one, which it writes again, and pads its last block with zeros, which a
-    scan reads as the end of the records (as it reads a torn tail). Rotation cuts those zeros
-    off after the footer, whose trailer must end the file. Reads go through the buffered
-    descriptor: the kernel drops cached pages of a range written direct, so a read never
-    sees stale bytes. ``keep_cached_bytes`` and ``writeback_bytes`` do not apply: no written
-    page is cached or left dirty. The flush's fsync still makes the data durable (a direct
-    write may sit in the disk's cache). Logs per ledger stay buffered (each would need a
-    second descriptor, and their small writes would rewrite a block each time), and so does
-    a file system that refuses ``O_DIRECT`` (tmpfs, some FUSE mounts) at the open or at the
-    first write, with an info line.
+    page cache, whose copy took a third of one bookie's CPU at window 1,000 (docs/storage.md,
+    "Entry log"). A direct write waits for the disk, on the add path whenever the buffer
+    fills. :class:`zbk.storage.disk.DirectWrites` rewrites the block holding the end of the
+    last write and pads its last block with zeros, which sealing reads as the end of the
+    records; rotation cuts them off behind the footer, whose trailer ends the file. Reads
+    go through the buffered descriptor (the kernel drops cached pages of a range written
+    direct). ``keep_cached_bytes`` and ``writeback_bytes`` do not apply. Logs per ledger stay
+    buffered (a second descriptor each, and a block rewritten by each small write), and so
+    does a file system that refuses ``O_DIRECT`` at the open or the first write.
 
 Entry log per ledger (BP-32)
     With ``per_ledger=True`` each ledger has its own active log. A log is rotated (footer
