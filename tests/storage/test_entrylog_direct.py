@@ -15,6 +15,7 @@ from helpers.journal import direct_io_ok
 
 from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, RealDisk
 from zbk.storage.entrylog import EntryLogWriter, list_logs, log_name, read_footer
+from zbk.storage.entrylogformat import only_zeros
 
 
 @pytest.fixture
@@ -193,3 +194,16 @@ def test_a_refused_direct_write_falls_back_to_buffered_and_loses_nothing(ddir, c
     assert w.sealed_on_open == [] and sorted(list_logs(str(ddir))) == [1]
     _read_all(w, entries, locations)
     w.close()
+
+
+def test_only_zeros_reads_a_long_tail_a_piece_at_a_time(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" + bytes(3 << 20) + b"y")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert only_zeros(fd, 1, 1 + (3 << 20))
+        assert not only_zeros(fd, 1, 2 + (3 << 20))  # the last byte, in the fourth MiB
+        assert not only_zeros(fd, 0, 10)
+        assert only_zeros(fd, 2 + (3 << 20), 10 << 20)  # past the end of the file: nothing to read
+    finally:
+        os.close(fd)

@@ -84,6 +84,7 @@ from zbk.storage.entrylogformat import (
     list_logs,
     log_name,
     make_location,
+    only_zeros,
     read_footer,
     scan_file,
     split_location,
@@ -124,8 +125,7 @@ class EntryLogWriter(EntryLogReads):
         # Written ranges still in the page cache, oldest first: [log id, start, end].
         self._cached: deque[list[int]] = deque()
         self._cached_bytes = 0
-        # "Direct I/O": interleaved logs only (a log per ledger would need a second descriptor
-        # each, and its small writes would rewrite their last block every time).
+        # "Direct I/O" (above): interleaved logs only.
         self._direct = direct_io and O_DIRECT != 0 and not per_ledger
         self._dwrites = DirectWrites(limits.entry_log_direct_buffer_bytes_min)
         self._disk = disk
@@ -208,7 +208,7 @@ class EntryLogWriter(EntryLogReads):
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             end = _usage_of(mm, size, usage)
         if end < size:
-            if not os.pread(fd, size - end, end).strip(b"\0"):  # a direct write's padding, or blocks never written
+            if only_zeros(fd, end, size):  # a direct write's padding, or blocks never written
                 log.info("entry log %s: records end at offset %d, then %d zero bytes; sealed there", path, end,
                          size - end)
             else:
