@@ -5,12 +5,34 @@ a buffered one leaves to the page cache; so do entry logs per ledger."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import pytest
-from helpers.journal import direct_io_ok
+from helpers.directio import direct_io_ok
 
 from zbk.bookie.boot import BookieBoot
 from zbk.config import BookieConfig, EntryLogConfig, JournalConfig
 from zbk.metadata.memory import MemoryMetadataStore
+
+
+@contextmanager
+def _booted(tmp_path, direct: bool, **settings: Any) -> Iterator[BookieBoot]:
+    """A bookie booted on ``tmp_path`` with ``settings``; skipped where ``direct`` is expected
+    and the file system refuses O_DIRECT."""
+    if direct and not direct_io_ok(str(tmp_path)):
+        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
+    store = MemoryMetadataStore()
+    cfg = BookieConfig(bookie_id="b1:3181", data_dir=str(tmp_path / "data"), metadata_uri=store.uri, **settings)
+    bookie = BookieBoot(cfg, store=store)
+    try:
+        bookie.boot()
+        yield bookie
+    finally:
+        for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
+            close()
+        store.close()
 
 
 @pytest.mark.parametrize(("journal", "direct"), [
@@ -19,19 +41,9 @@ from zbk.metadata.memory import MemoryMetadataStore
     (JournalConfig(sync_data=False), False),
 ])
 def test_the_journals_of_a_booted_bookie_write_direct_by_default(tmp_path, journal, direct):
-    if direct and not direct_io_ok(str(tmp_path)):
-        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
-    store = MemoryMetadataStore()
-    cfg = BookieConfig(bookie_id="b1:3181", data_dir=str(tmp_path / "data"), metadata_uri=store.uri,
-                       journal_dirs=(str(tmp_path / "j0"), str(tmp_path / "j1")), journal=journal)
-    bookie = BookieBoot(cfg, store=store)
-    try:
-        bookie.boot()
+    with _booted(tmp_path, direct, journal=journal,
+                 journal_dirs=(str(tmp_path / "j0"), str(tmp_path / "j1"))) as bookie:
         assert [j._dfd >= 0 for j in bookie.journals] == [direct, direct]
-    finally:
-        for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
-            close()
-        store.close()
 
 
 @pytest.mark.parametrize(("entry_log", "direct"), [
@@ -40,17 +52,6 @@ def test_the_journals_of_a_booted_bookie_write_direct_by_default(tmp_path, journ
     (EntryLogConfig(per_ledger=True), False),
 ])
 def test_the_entry_logs_of_a_booted_bookie_write_direct_by_default(tmp_path, entry_log, direct):
-    if direct and not direct_io_ok(str(tmp_path)):
-        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
-    store = MemoryMetadataStore()
-    cfg = BookieConfig(bookie_id="b1:3181", data_dir=str(tmp_path / "data"), metadata_uri=store.uri,
-                       entry_log=entry_log)
-    bookie = BookieBoot(cfg, store=store)
-    try:
-        bookie.boot()
+    with _booted(tmp_path, direct, entry_log=entry_log) as bookie:
         bookie.logs.append(1, 0, b"x" * 5000)
         assert [lg.dfd >= 0 for lg in bookie.logs._active.values()] == [direct]
-    finally:
-        for close in (bookie.logs.close, *(j.close for j in bookie.journals), bookie.cache.close):
-            close()
-        store.close()

@@ -2,34 +2,11 @@
 
 from __future__ import annotations
 
-import mmap
-import os
 from pathlib import Path
 
 from crc32c import crc32c
 
 from zbk.storage.journal import HEADER_BYTES, segment_seed
-
-
-def direct_io_ok(directory: str) -> bool:
-    """Whether ``directory``'s file system takes an aligned O_DIRECT write (the journal's
-    "Direct I/O"; tmpfs and some FUSE mounts refuse it)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return False
-    path = os.path.join(directory, ".direct-io-probe")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o644)
-    except OSError:
-        return False
-    try:
-        os.pwrite(fd, mmap.mmap(-1, mmap.PAGESIZE), 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        os.unlink(path)
 
 
 def records_end(seg: Path) -> int:

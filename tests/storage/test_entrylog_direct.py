@@ -4,25 +4,16 @@ file, sealing after a crash, and buffered writes where O_DIRECT is refused or pe
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import random
 
 import pytest
-from helpers.journal import direct_io_ok
+from helpers.directio import RefusingDirectDisk, refuse_direct_opens
 
 from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, RealDisk
 from zbk.storage.entrylog import EntryLogWriter, list_logs, log_name, read_footer
 from zbk.storage.entrylogformat import only_zeros
-
-
-@pytest.fixture
-def ddir(tmp_path):
-    if not direct_io_ok(str(tmp_path)):
-        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
-    return tmp_path
 
 
 def _crash(w: EntryLogWriter) -> None:
@@ -151,14 +142,7 @@ def test_logs_per_ledger_are_written_buffered(ddir):
 
 
 def test_a_file_system_refusing_o_direct_at_the_open_gets_buffered_writes(tmp_path, monkeypatch, caplog):
-    real_open = os.open
-
-    def refusing(path, flags, *args):
-        if flags & O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", refusing)
+    refuse_direct_opens(monkeypatch)
     with caplog.at_level(logging.INFO, logger="zbk.storage.entrylog"):
         w = EntryLogWriter([str(tmp_path)], 64 << 20, 0, direct_io=True)
         loc = w.append(1, 0, b"a" * 100)
@@ -169,21 +153,11 @@ def test_a_file_system_refusing_o_direct_at_the_open_gets_buffered_writes(tmp_pa
     w.close()
 
 
-class _RefusingDirect(RealDisk):
-    """A disk whose O_DIRECT writes fail with EINVAL before writing (a file system that opens
-    such files but refuses their writes)."""
-
-    def pwrite(self, fd, data, offset):
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        super().pwrite(fd, data, offset)
-
-
 @pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
 def test_a_refused_direct_write_falls_back_to_buffered_and_loses_nothing(ddir, caplog):
     rng = random.Random(4)
     entries = _entries(rng, 80)
-    w = EntryLogWriter([str(ddir)], 64 << 20, 4096, disk=_RefusingDirect(), direct_io=True)
+    w = EntryLogWriter([str(ddir)], 64 << 20, 4096, disk=RefusingDirectDisk(), direct_io=True)
     locations = [w.append(*entries[0])]
     assert w._active[-1].dfd >= 0  # opened direct; its writes are refused
     with caplog.at_level(logging.INFO, logger="zbk.storage.entrylog"):

@@ -4,15 +4,13 @@ buffered writes where the file system refuses O_DIRECT."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
 
 import pytest
-from helpers.journal import direct_io_ok
+from helpers.directio import RefusingDirectDisk, refuse_direct_opens
 
-from zbk.storage.disk import RealDisk
 from zbk.storage.journal import (
     DIRECT_BLOCK_BYTES,
     HEADER_BYTES,
@@ -26,13 +24,6 @@ from zbk.storage.journal import (
 )
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-@pytest.fixture
-def ddir(tmp_path):
-    if not direct_io_ok(str(tmp_path)):
-        pytest.skip(f"{tmp_path}: the file system refuses O_DIRECT")
-    return tmp_path
 
 
 def _crash(w: JournalWriter) -> None:
@@ -155,14 +146,7 @@ def test_preallocation_writes_whole_blocks_past_the_records(ddir):
 
 
 def test_a_file_system_refusing_o_direct_at_the_open_gets_buffered_writes(tmp_path, monkeypatch, caplog):
-    real_open = os.open
-
-    def refusing(path, flags, *args):
-        if flags & O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", refusing)
+    refuse_direct_opens(monkeypatch)
     with caplog.at_level(logging.INFO, logger="zbk.storage.journal"):
         w = JournalWriter(str(tmp_path), 64 << 20, direct_io=True)
     assert w._dfd < 0
@@ -173,23 +157,9 @@ def test_a_file_system_refusing_o_direct_at_the_open_gets_buffered_writes(tmp_pa
     assert _replayed(tmp_path) == [(1, 0, b"a" * 100)]
 
 
-class _RefusingDirect(RealDisk):
-    """A disk whose O_DIRECT writes fail with EINVAL before writing (a file system that opens
-    such files but refuses their writes)."""
-
-    def __init__(self) -> None:
-        self.direct_fds: set[int] = set()
-
-    def pwrite(self, fd, data, offset):
-        import fcntl
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        super().pwrite(fd, data, offset)
-
-
 @pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
 def test_a_refused_first_direct_write_falls_back_to_buffered_and_loses_nothing(ddir, caplog):
-    w = JournalWriter(str(ddir), 64 << 20, disk=_RefusingDirect(), direct_io=True)
+    w = JournalWriter(str(ddir), 64 << 20, disk=RefusingDirectDisk(), direct_io=True)
     assert w._dfd >= 0
     with caplog.at_level(logging.INFO, logger="zbk.storage.journal"):
         for i in range(5):
