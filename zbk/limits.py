@@ -104,9 +104,9 @@ entry_log_bytes_default = 1024 * 1024 * 1024  # BookKeeper's logSizeLimit: one l
 entry_log_write_buffer_bytes_default = 64 * 1024  # BookKeeper's writeBufferSizeBytes: one write() per buffer
 entry_log_flush_bytes_default = 1024 * 1024  # start writeback of each this many bytes (entrylog.py, docs/storage.md)
 entry_log_keep_cached_bytes_default = 512 * 1024 * 1024  # written data left in the page cache (entrylog.py)
+entry_log_direct_buffer_bytes_min = 1024 * 1024  # aligned memory of the entry logs' O_DIRECT writes
 # Written data beyond the cached part is dropped from the page cache in steps of at least
 # this much: one posix_fadvise per 4 MiB written, not one per flush.
-entry_log_direct_buffer_bytes_min = 1024 * 1024  # aligned memory of the entry logs' O_DIRECT writes
 entry_log_drop_step_bytes_min = 4 * 1024 * 1024
 entry_logs_open_max = 64  # entry-log-per-ledger: cap on open logs (BP-32)
 entry_log_expire_after_access_s = 300  # entry-log-per-ledger: rotate an idle log (BP-32)

@@ -61,7 +61,7 @@ from crc32c import crc32c
 from zbk import limits
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieIOError, CorruptDataError
-from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk, align_up
+from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk
 from zbk.storage.entrylogformat import (
     _CRC,
     _LAST_ID,
@@ -329,7 +329,6 @@ class EntryLogWriter(EntryLogReads):
             for other in self._open.values():
                 self._close_direct(other)
             return False
-        lg.file_end = max(lg.file_end, align_up(lg.written + len(lg.buf)))
         return True
 
     @staticmethod
@@ -419,12 +418,12 @@ class EntryLogWriter(EntryLogReads):
         lg.buf += _encode_footer(lg.log_id, data_end, lg.usage, data_end)
         self._write_out(lg)
         self._close_direct(lg)
-        if lg.file_end > lg.written:  # zeros after the footer: the trailer must end the file
-            try:
+        try:
+            if os.fstat(lg.fd).st_size > lg.written:  # a direct write's zeros: the trailer must end the file
                 self._disk.truncate(lg.fd, lg.written)
-            except OSError as e:
-                self._failed = e
-                raise
+        except OSError as e:
+            self._failed = e
+            raise
         self._footers[lg.log_id] = Footer(data_end, lg.usage)
         self._retired.append(lg)
 

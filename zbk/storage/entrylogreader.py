@@ -59,7 +59,6 @@ class _Log:
     last_access: float = 0.0
     dfd: int = -1  # its O_DIRECT descriptor (-1: buffered writes)
     dtail: bytes = b""  # with dfd: the written bytes of the block holding ``written``
-    file_end: int = 0  # bytes in the file, zeros padding the last direct write included
 
 
 class EntryLogReads:
