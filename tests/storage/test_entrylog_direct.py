@@ -11,9 +11,8 @@ import random
 import pytest
 from helpers.directio import RefusingDirectDisk, refuse_direct_opens
 
-from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, RealDisk
+from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, RealDisk, only_zeros
 from zbk.storage.entrylog import EntryLogWriter, list_logs, log_name, read_footer
-from zbk.storage.entrylogformat import only_zeros
 
 
 def _crash(w: EntryLogWriter) -> None:

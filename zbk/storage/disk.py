@@ -38,6 +38,20 @@ def align_up(n: int) -> int:
     return -(-n // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
 
 
+def only_zeros(fd: int, start: int, end: int) -> bool:
+    """Whether bytes [start, end) of the file are all zero (unused preallocation, a direct
+    write's padding), read a MiB at a time: the tail after a bad record can be most of a
+    journal segment or an entry log."""
+    while start < end:
+        chunk = os.pread(fd, min(end - start, 1 << 20), start)
+        if not chunk:  # the file is shorter than it was
+            return True
+        if chunk.strip(b"\0"):
+            return False
+        start += len(chunk)
+    return True
+
+
 class DirectWrites:
     """Appends to a file through an ``O_DIRECT`` descriptor, from page-aligned memory it keeps.
 

@@ -61,7 +61,7 @@ from crc32c import crc32c
 from zbk import limits
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieIOError, CorruptDataError
-from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk
+from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk, only_zeros
 from zbk.storage.entrylogformat import (
     _CRC,
     _LAST_ID,
@@ -84,7 +84,6 @@ from zbk.storage.entrylogformat import (
     list_logs,
     log_name,
     make_location,
-    only_zeros,
     read_footer,
     scan_file,
     split_location,

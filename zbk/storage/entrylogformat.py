@@ -225,19 +225,6 @@ def _usage_of(mm: mmap.mmap, size: int, usage: dict[int, int]) -> int:
         usage[ledger_id] = usage.get(ledger_id, 0) + RECORD_HEADER_BYTES + len(blob)
 
 
-def only_zeros(fd: int, start: int, end: int) -> bool:
-    """Whether bytes [start, end) of the file are all zero, read a MiB at a time (a tail
-    after a bad record can be most of a log)."""
-    while start < end:
-        chunk = os.pread(fd, min(end - start, 1 << 20), start)
-        if not chunk:  # the file is shorter than it was
-            return True
-        if chunk.strip(b"\0"):
-            return False
-        start += len(chunk)
-    return True
-
-
 def _entry(ledger_id: int | None, entry_id: int | None) -> str:
     return "entry" if ledger_id is None else f"entry {ledger_id}:{entry_id}"
 

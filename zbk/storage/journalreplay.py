@@ -35,7 +35,7 @@ from collections.abc import Generator, Iterator
 from crc32c import crc32c
 
 from zbk.errors import CorruptDataError
-from zbk.storage.disk import REAL_DISK, Disk
+from zbk.storage.disk import REAL_DISK, Disk, only_zeros
 from zbk.storage.journalformat import (
     _BATCH_BODY,
     _BODY,
@@ -104,7 +104,7 @@ def _replay_segment(path: str, sid: int, start: int, last: bool,
             bad = yield from _records(mm, path, sid, seed, start, size)
             if bad >= 0:
                 _check_torn_tail(mm, path, sid, seed, bad, last)
-                zeros = _all_zero(mm, bad)
+                zeros = only_zeros(fd, bad, size)
         if bad >= 0:
             if zeros:
                 log.info("journal %s: %d bytes of unused preallocation after offset %d; truncating",
@@ -158,15 +158,6 @@ def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int,
             yield JournalRecord(RecordType(rtype), ledger_id, entry_id, payload), LogMark(sid, end)
         pos = end
     return -1
-
-
-def _all_zero(mm: mmap.mmap, start: int, chunk: int = 1 << 20) -> bool:
-    """True when every byte from ``start`` to the end is zero (unused preallocation)."""
-    for pos in range(start, len(mm), chunk):
-        part = mm[pos:pos + chunk]
-        if part.count(0) != len(part):
-            return False
-    return True
 
 
 def _check_torn_tail(mm: mmap.mmap, path: str, sid: int, seed: int, bad: int, last: bool) -> None:
