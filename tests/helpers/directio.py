@@ -16,12 +16,11 @@ from zbk.storage.disk import O_DIRECT, RealDisk
 def direct_io_ok(directory: str) -> bool:
     """Whether ``directory``'s file system takes an aligned O_DIRECT write (the journal's
     "Direct I/O"; tmpfs and some FUSE mounts refuse it)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
+    if not O_DIRECT:
         return False
     path = os.path.join(directory, ".direct-io-probe")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | O_DIRECT, 0o644)
     except OSError:
         return False
     try:

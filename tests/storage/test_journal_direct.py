@@ -11,6 +11,7 @@ import random
 import pytest
 from helpers.directio import RefusingDirectDisk, refuse_direct_opens
 
+from zbk.storage.disk import O_DIRECT
 from zbk.storage.journal import (
     DIRECT_BLOCK_BYTES,
     HEADER_BYTES,
@@ -22,8 +23,6 @@ from zbk.storage.journal import (
     replay,
     segment_name,
 )
-
-O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 def _crash(w: JournalWriter) -> None:
