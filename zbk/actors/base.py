@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import zmq
 
 from zbk.clock import Clock
+from zbk.errors import ConfigError
 from zbk.osthread import name_current_thread, pin_current_thread
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,9 @@ class ActorLoop(threading.Thread):
         self.handoff = handoff_for(instance)
         self.extra: list[zmq.Socket[Any]] = []
         self.ready = threading.Event()
+        # Why setup() failed, when the configuration made it impossible (the wire port taken):
+        # the loop never ran, so the actor handled nothing.
+        self.start_error: ConfigError | None = None
         # True: the inbound pipes stay open when the loop exits, for drain_inbound (the
         # IndexSyncer's, so that the bookie's stop applies index updates it did not read).
         self.keep_inbound = False
@@ -272,11 +276,17 @@ class ActorLoop(threading.Thread):
         try:
             pin_current_thread(self.cpus)
             self.outbox.connect(self.ctx)
-            self.setup()
+            try:
+                self.setup()
+            except ConfigError as e:  # one clear line, no traceback
+                log.error("actor %s cannot start: %s", self.core.name, e)
+                self.start_error = e
+                raise
             self.ready.set()
             self._loop()
         except BaseException as e:  # noqa: BLE001 - any failure of an actor stops the bookie
-            log.exception("actor %s crashed", self.core.name)
+            if e is not self.start_error:
+                log.exception("actor %s crashed", self.core.name)
             self.ready.set()
             self.on_crash(self.core.name, e)
         finally:

@@ -38,6 +38,7 @@ from zbk.actors.entrylogger import EntryLoggerCore
 from zbk.actors.journal import JournalCore
 from zbk.actors.server import ServerCore
 from zbk.actors.serverpolicy import DiskProbeSchedule, PeerBacklogs
+from zbk.errors import ConfigError
 from zbk.wire.curve import CurveServer
 from zbk.wire.frames import send_frames
 from zbk.wire.identity import announce
@@ -143,7 +144,11 @@ class ServerLoop(ActorLoop):
         if self.curve is not None:
             self.curve.apply(r)  # CURVE server + ZAP handler: unknown clients never get through
         announce(r, self.bookie_id)  # before bind: part of the handshake of every connection
-        r.bind(self.endpoint)
+        try:
+            r.bind(self.endpoint)
+        except zmq.ZMQError as e:
+            r.close(0)
+            raise ConfigError(f"cannot listen on {self.endpoint} (port): {os.strerror(e.errno or 0)}") from e
         self.bound = r.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.replies.attach(r)
         self.extra.append(r)

@@ -44,7 +44,15 @@ from zbk.bookie.admin import BookieAdmin
 from zbk.bookie.boot import BootReport
 from zbk.bookie.overrepsource import BookieOverrepSource
 from zbk.config import BookieConfig
-from zbk.errors import EXIT_ACTOR_BASE, EXIT_BOOT, EXIT_COOKIE, EXIT_FAILED, EXIT_OK, CookieMismatchError
+from zbk.errors import (
+    EXIT_ACTOR_BASE,
+    EXIT_BOOT,
+    EXIT_COOKIE,
+    EXIT_FAILED,
+    EXIT_OK,
+    ConfigError,
+    CookieMismatchError,
+)
 from zbk.metadata.registry import LedgerStore
 from zbk.storage import markers
 from zbk.storage.gcstate import GcStateFile
@@ -115,6 +123,8 @@ class Bookie(BookieAdmin):
             loop.start()
         for loop in self.loops:
             loop.ready.wait(limits.actor_start_timeout_s)
+        if self.start_error is not None:
+            raise self.start_error
         if self.crashed:
             raise RuntimeError(f"actor {self.crashed} failed to start")
         self.admin = self.ctx.socket(zmq.PUSH)
@@ -167,6 +177,9 @@ class Bookie(BookieAdmin):
                       overrep=overrep)
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
+        if isinstance(exc, ConfigError) and any(exc is loop.start_error for loop in self.loops):
+            self.start_error = exc  # start() raises it: that actor handled nothing, nothing is lost
+            return
         if self.crashed is None:
             self.crashed = name
             kind = "journal" if journal_of_actor(name) is not None else name

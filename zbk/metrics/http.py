@@ -41,7 +41,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from zbk import limits
-from zbk.errors import ZbkError
+from zbk.errors import ConfigError, ZbkError
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any] | None], Any]
@@ -293,7 +293,10 @@ class AdminHttpServer:
             def do_OPTIONS(self) -> None:  # noqa: N802
                 self._handle("OPTIONS")
 
-        self.httpd = BoundedHTTPServer((host, port), _H, threads_max)
+        try:
+            self.httpd = BoundedHTTPServer((host, port), _H, threads_max)
+        except OSError as e:
+            raise ConfigError(f"cannot listen on http://{host}:{port} (http_port): {e.strerror}") from e
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="zbk-http", daemon=True)
 
