@@ -255,6 +255,13 @@ client_recovery_read_attempts_max = 3
 client_recovery_read_backoff_s_min = 0.2
 client_recovery_read_backoff_s_max = 1.0
 client_sync_read_entries_max = 1000  # entries one read of the blocking client's iterator asks for
+# A range read asks for about this many bytes per request (at most 4,096 entries), with up to
+# client_range_reads_in_flight requests ahead of the entries being handed out. A bookie answers
+# a request in one piece, and one of 4 MiB keeps its threads busy for milliseconds at a
+# stretch while adds wait behind it; several smaller ones in flight read as fast
+# (docs/performance.md, "Reads beside writes").
+client_range_read_bytes = 512 * 1024
+client_range_reads_in_flight = 4
 # Explicit LAC (BookKeeper's explicitLacInterval): 0, BookKeeper's default, leaves it off, and
 # a tailing reader then sees a writer's last entry only at its next add or its close. The
 # client looks at its writers every half interval; below 10 ms that would be a busy timer.

@@ -8,6 +8,7 @@ the next replica. Reads stop at the LAC (or the last entry of a closed ledger).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -291,8 +292,9 @@ class ReadHandle:
             end = await self.read_last_add_confirmed()
         if last > end:
             raise NoSuchEntryError(f"ledger {self.ledger_id}: entry {last} is beyond the last confirmed {end}")
-        async for e in self._read_range(first, last):
-            yield e
+        async with contextlib.aclosing(self._read_range(first, last)) as entries:
+            async for e in entries:
+                yield e
 
     async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Entries ``first..last`` inclusive, in order, also those beyond the LAC (BookKeeper's
@@ -327,36 +329,20 @@ class ReadHandle:
             last = min(last, self.md.last_entry_id)
         if first > last:
             return
-        async for e in self._read_range(first, last, confirmed=self._readable_end()):
-            yield e
+        async with contextlib.aclosing(self._read_range(first, last, confirmed=self._readable_end())) as entries:
+            async for e in entries:
+                yield e
 
-    async def _read_range(self, first: int, last: int, *, confirmed: int | None = None) -> AsyncIterator[LedgerEntry]:
+    async def _read_range(self, first: int, last: int, *,
+                          confirmed: int | None = None) -> AsyncGenerator[LedgerEntry, None]:
         """Entries ``first..last``. With ``confirmed``, an entry past it that every replica
         lacks ends the range instead of raising NoSuchEntryError (read_unconfirmed)."""
         md = self.md
         if md.write_quorum == md.ensemble_size:
-            # Every bookie of a fragment holds every entry: ranged reads, one bookie at a time.
-            nxt = first
-            while nxt <= last:
-                frag_i = _fragment_index(md, nxt)
-                frag_end = min(last, md.fragment_end(frag_i))
-                batch: list[LedgerEntry] = []
-                for b in self._read_order(nxt):
-                    try:
-                        batch, _ = await self._read_one(b, nxt, min(frag_end - nxt + 1,
-                                                                   limits.entries_per_read_request_max))
-                    except BookieUnavailableError:
-                        continue
-                    if batch:
-                        break
-                if not batch:  # the per-entry path: errors and speculation
-                    entry = await self._read_or_end(nxt, confirmed)
-                    if entry is None:
-                        return
-                    batch = [entry]
-                for e in batch:
+            # Closed with the caller: its reads ahead are cancelled when the caller stops.
+            async with contextlib.aclosing(self._read_chunks(md, first, last, confirmed)) as entries:
+                async for e in entries:
                     yield e
-                nxt += len(batch)
             return
         # Otherwise each bookie holds only its stripes: ask every (non-suspect) bookie of the
         # fragment for the whole chunk with SPARSE and merge by entry id. A round that yields
@@ -382,6 +368,57 @@ class ReadHandle:
                 while nxt <= end and nxt in got:
                     yield got.pop(nxt)
                     nxt += 1
+
+    async def _read_chunks(self, md: LedgerMetadata, first: int, last: int,
+                           confirmed: int | None) -> AsyncGenerator[LedgerEntry, None]:
+        """_read_range where every bookie of a fragment holds every entry: ranged reads of
+        about ``limits.client_range_read_bytes`` each, the next ones (up to
+        ``limits.client_range_reads_in_flight``) asked for while the first is handed out.
+        A chunk answered short (the bookie's response limit, an entry it lacks) is asked for
+        again from where the answer stopped, ahead of the chunks after it."""
+        ahead: deque[tuple[int, int, asyncio.Task[list[LedgerEntry]]]] = deque()  # (first, count, read)
+        nxt = planned = first  # the next entry to hand out; the first entry no chunk covers yet
+        per_request = _entries_per_request(1024)  # until an answer tells the entries' size
+        try:
+            while nxt <= last:
+                while planned <= last and len(ahead) < limits.client_range_reads_in_flight:
+                    count = min(_fragment_end(md, planned, last) - planned + 1, per_request)
+                    ahead.append((planned, count, asyncio.ensure_future(self._read_chunk(planned, count))))
+                    planned += count
+                start, count, task = ahead.popleft()
+                batch = await task
+                if not batch:  # the per-entry path: errors and speculation
+                    entry = await self._read_or_end(nxt, confirmed)
+                    if entry is None:
+                        return
+                    batch = [entry]
+                else:
+                    per_request = _entries_per_request(sum(len(e.payload) for e in batch) // len(batch))
+                for e in batch:
+                    yield e
+                nxt += len(batch)
+                if nxt < start + count:  # the rest of this chunk, before the chunks after it
+                    rest = start + count - nxt
+                    ahead.appendleft((nxt, rest, asyncio.ensure_future(self._read_chunk(nxt, rest))))
+        finally:
+            for _, _, task in ahead:
+                if task.done():
+                    if not task.cancelled():
+                        task.exception()  # read ahead, never needed: its error is not this read's
+                else:
+                    task.cancel()
+
+    async def _read_chunk(self, first: int, count: int) -> list[LedgerEntry]:
+        """Entries first.. (at most ``count``) from the first bookie of the write set that
+        answers with any; [] when none does."""
+        for b in self._read_order(first):
+            try:
+                batch, _ = await self._read_one(b, first, count)
+            except BookieUnavailableError:
+                continue
+            if batch:
+                return batch
+        return []
 
     async def _read_or_end(self, entry_id: int, confirmed: int | None) -> LedgerEntry | None:
         """read_entry(entry_id); None if it is past ``confirmed`` and no replica has it."""
@@ -467,8 +504,9 @@ class ReadHandle:
         while True:
             end = self._readable_end()
             if nxt <= end:
-                async for e in self._read_range(nxt, end):
-                    yield e
+                async with contextlib.aclosing(self._read_range(nxt, end)) as entries:
+                    async for e in entries:
+                        yield e
                 nxt = end + 1
                 continue
             if self.md.is_closed:
@@ -541,6 +579,18 @@ class ReadHandle:
                 break
             out.append(LedgerEntry(self.ledger_id, entry_id, bytes(e.payload), e.ledger_length))
         return out
+
+
+def _entries_per_request(payload_bytes: int) -> int:
+    """Entries of about ``payload_bytes`` each that make a range read request of about
+    ``limits.client_range_read_bytes`` (with the entries' headers and digests)."""
+    per = limits.client_range_read_bytes // (payload_bytes + 64)
+    return max(1, min(limits.entries_per_read_request_max, per))
+
+
+def _fragment_end(md: LedgerMetadata, entry_id: int, last: int) -> int:
+    """The last entry of ``entry_id``'s fragment, or ``last`` if that comes first."""
+    return min(last, md.fragment_end(_fragment_index(md, entry_id)))
 
 
 def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:
