@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -73,17 +74,25 @@ async def read_all(c: SimCluster, lh: LedgerHandle) -> tuple[list[tuple[int, byt
     return got, log
 
 
-def test_a_range_is_read_in_small_requests_several_in_flight(small_requests: int) -> None:
+def read_back(setup: Callable[[SimCluster, LedgerHandle], None] | None = None) -> ReadLog:
+    """Write a ledger of N entries, ``setup`` the cluster, read the ledger back whole: the
+    entries all there and in order. Returns the reads sent."""
     seed = sim.seed_from_env()
 
     async def scenario() -> ReadLog:
         c = SimCluster(seed, bookies=3)
         lh = await written(c)
+        if setup is not None:
+            setup(c, lh)
         got, log = await read_all(c, lh)
         assert got == [(i, payload(i)) for i in range(N)]
         return log
 
-    log = sim.run(scenario())
+    return sim.run(scenario())
+
+
+def test_a_range_is_read_in_small_requests_several_in_flight(small_requests: int) -> None:
+    log = read_back()
     assert max(count for _, _, count in log.reads) <= small_requests, log.reads
     assert 1 < log.most <= limits.client_range_reads_in_flight, log.most
     assert len({b for b, _, _ in log.reads}) == 3, "the chunks are spread over the write sets' first bookies"
@@ -95,35 +104,20 @@ def test_a_range_is_read_in_small_requests_several_in_flight(small_requests: int
 def test_short_answers_are_asked_again_from_where_they_stopped(small_requests: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A bookie answers at most two entries a request (its response limit): each chunk's rest
-    is asked for again before the chunks after it are handed out."""
-    seed = sim.seed_from_env()
+    is asked for again, and the entries still come out whole and in order."""
     monkeypatch.setattr(limits, "read_response_bytes_max", 2 * (ENTRY + 40) - 1)
-
-    async def scenario() -> ReadLog:
-        c = SimCluster(seed, bookies=3)
-        lh = await written(c)
-        got, log = await read_all(c, lh)
-        assert got == [(i, payload(i)) for i in range(N)]
-        return log
-
-    log = sim.run(scenario())
+    log = read_back()
     assert len(log.reads) > N // 2, "answered two at a time"
 
 
 def test_answers_out_of_order_still_hand_out_the_entries_in_order(small_requests: int) -> None:
     """The bookie that answers the first chunks is slow: the chunks after them come back first."""
-    seed = sim.seed_from_env()
 
-    async def scenario() -> None:
-        c = SimCluster(seed, bookies=3)
-        lh = await written(c)
+    def slow_first_bookie(c: SimCluster, lh: LedgerHandle) -> None:
         slow = lh.md.write_set(0)[0]
         c.bookie(slow).rules.append(Rule("delay_reply", lambda m: isinstance(m, w.ReadRequest), seconds=0.5))
-        got, log = await read_all(c, lh)
-        assert got == [(i, payload(i)) for i in range(N)]
-        assert log.most > 1
 
-    sim.run(scenario())
+    assert read_back(slow_first_bookie).most > 1
 
 
 def test_a_range_over_an_ensemble_change_asks_each_fragment_its_own_bookies(small_requests: int) -> None:
