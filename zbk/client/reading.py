@@ -20,6 +20,7 @@ from typing import Any
 from zbk import limits
 from zbk.client.context import HandleContext
 from zbk.client.digest import Digest
+from zbk.client.ranges import fragment_index, read_ahead
 from zbk.errors import (
     BookieUnavailableError,
     DigestMismatchError,
@@ -340,7 +341,8 @@ class ReadHandle:
         md = self.md
         if md.write_quorum == md.ensemble_size:
             # Closed with the caller: its reads ahead are cancelled when the caller stops.
-            async with contextlib.aclosing(self._read_chunks(md, first, last, confirmed)) as entries:
+            ahead = read_ahead(md, first, last, self._read_chunk, lambda eid: self._read_or_end(eid, confirmed))
+            async with contextlib.aclosing(ahead) as entries:
                 async for e in entries:
                     yield e
             return
@@ -349,7 +351,7 @@ class ReadHandle:
         # nothing new falls back to the per-entry path (speculation, typed errors).
         nxt = first
         while nxt <= last:
-            frag_i = _fragment_index(md, nxt)
+            frag_i = fragment_index(md, nxt)
             end = min(last, md.fragment_end(frag_i), nxt + limits.entries_per_read_request_max - 1)
             ensemble = [b for b in md.fragments[frag_i][1] if not self.ctx.transport.suspect(b)]
             got: dict[int, LedgerEntry] = {}
@@ -368,45 +370,6 @@ class ReadHandle:
                 while nxt <= end and nxt in got:
                     yield got.pop(nxt)
                     nxt += 1
-
-    async def _read_chunks(self, md: LedgerMetadata, first: int, last: int,
-                           confirmed: int | None) -> AsyncGenerator[LedgerEntry, None]:
-        """_read_range where every bookie of a fragment holds every entry: ranged reads of
-        about ``limits.client_range_read_bytes`` each, the next ones (up to
-        ``limits.client_range_reads_in_flight``) asked for while the first is handed out.
-        A chunk answered short (the bookie's response limit, an entry it lacks) is asked for
-        again from where the answer stopped, ahead of the chunks after it."""
-        ahead: deque[tuple[int, int, asyncio.Task[list[LedgerEntry]]]] = deque()  # (first, count, read)
-        nxt = planned = first  # the next entry to hand out; the first entry no chunk covers yet
-        per_request = _entries_per_request(1024)  # until an answer tells the entries' size
-        try:
-            while nxt <= last:
-                while planned <= last and len(ahead) < limits.client_range_reads_in_flight:
-                    count = min(_fragment_end(md, planned, last) - planned + 1, per_request)
-                    ahead.append((planned, count, asyncio.ensure_future(self._read_chunk(planned, count))))
-                    planned += count
-                start, count, task = ahead.popleft()
-                batch = await task
-                if not batch:  # the per-entry path: errors and speculation
-                    entry = await self._read_or_end(nxt, confirmed)
-                    if entry is None:
-                        return
-                    batch = [entry]
-                else:
-                    per_request = _entries_per_request(sum(len(e.payload) for e in batch) // len(batch))
-                for e in batch:
-                    yield e
-                nxt += len(batch)
-                if nxt < start + count:  # the rest of this chunk, before the chunks after it
-                    rest = start + count - nxt
-                    ahead.appendleft((nxt, rest, asyncio.ensure_future(self._read_chunk(nxt, rest))))
-        finally:
-            for _, _, task in ahead:
-                if task.done():
-                    if not task.cancelled():
-                        task.exception()  # read ahead, never needed: its error is not this read's
-                else:
-                    task.cancel()
 
     async def _read_chunk(self, first: int, count: int) -> list[LedgerEntry]:
         """Entries first.. (at most ``count``) from the first bookie of the write set that
@@ -579,26 +542,6 @@ class ReadHandle:
                 break
             out.append(LedgerEntry(self.ledger_id, entry_id, bytes(e.payload), e.ledger_length))
         return out
-
-
-def _entries_per_request(payload_bytes: int) -> int:
-    """Entries of about ``payload_bytes`` each that make a range read request of about
-    ``limits.client_range_read_bytes`` (with the entries' headers and digests)."""
-    per = limits.client_range_read_bytes // (payload_bytes + 64)
-    return max(1, min(limits.entries_per_read_request_max, per))
-
-
-def _fragment_end(md: LedgerMetadata, entry_id: int, last: int) -> int:
-    """The last entry of ``entry_id``'s fragment, or ``last`` if that comes first."""
-    return min(last, md.fragment_end(_fragment_index(md, entry_id)))
-
-
-def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:
-    idx = 0
-    for i, (first, _) in enumerate(md.fragments):
-        if first <= entry_id:
-            idx = i
-    return idx
 
 
 def _read_error(ledger_id: int, entry_id: int, errors: dict[str, Status | str]) -> ZbkError:
