@@ -262,6 +262,8 @@ client_sync_read_entries_max = 1000  # entries one read of the blocking client's
 # (docs/performance.md, "Reads beside writes").
 client_range_read_bytes = 512 * 1024
 client_range_reads_in_flight = 4
+client_range_read_assumed_payload_bytes = 1024  # the entries' size until an answer tells it
+client_range_read_entry_overhead_bytes = 64  # an entry's header, digest and frame beside its payload
 # Explicit LAC (BookKeeper's explicitLacInterval): 0, BookKeeper's default, leaves it off, and
 # a tailing reader then sees a writer's last entry only at its next add or its close. The
 # client looks at its writers every half interval; below 10 ms that would be a busy timer.

@@ -55,7 +55,7 @@ class ReadLog:
 def small_requests(monkeypatch: pytest.MonkeyPatch) -> int:
     """Requests of a few entries, so that a short ledger takes many: the entries per request."""
     monkeypatch.setattr(limits, "client_range_read_bytes", 1_000)
-    return 1_000 // (ENTRY + 64)
+    return 1_000 // (ENTRY + limits.client_range_read_entry_overhead_bytes)
 
 
 async def written(c: SimCluster, e: int = 3, n: int = N) -> LedgerHandle:

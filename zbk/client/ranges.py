@@ -18,9 +18,6 @@ from zbk.metadata.ledger import LedgerMetadata
 
 __all__ = ["entries_per_request", "fragment_index", "read_ahead"]
 
-ASSUMED_PAYLOAD_BYTES = 1024  # the entries' size before an answer tells it
-ENTRY_OVERHEAD_BYTES = 64  # an entry's header and digest, and its frame, beside its payload
-
 
 class _Entry(Protocol):
     @property
@@ -43,7 +40,7 @@ async def read_ahead(md: LedgerMetadata, first: int, last: int,
     generator (``contextlib.aclosing``) to cancel the chunks still in flight."""
     ahead: deque[tuple[int, int, asyncio.Task[list[E]]]] = deque()  # (first, count, read)
     nxt = planned = first  # the next entry to hand out; the first entry no chunk covers yet
-    per_request = entries_per_request(ASSUMED_PAYLOAD_BYTES)
+    per_request = entries_per_request(limits.client_range_read_assumed_payload_bytes)
     try:
         while nxt <= last:
             while planned <= last and len(ahead) < limits.client_range_reads_in_flight:
@@ -77,7 +74,7 @@ async def read_ahead(md: LedgerMetadata, first: int, last: int,
 def entries_per_request(payload_bytes: int) -> int:
     """Entries of about ``payload_bytes`` each that make a request of about
     ``limits.client_range_read_bytes``."""
-    per = limits.client_range_read_bytes // (payload_bytes + ENTRY_OVERHEAD_BYTES)
+    per = limits.client_range_read_bytes // (payload_bytes + limits.client_range_read_entry_overhead_bytes)
     return max(1, min(limits.entries_per_read_request_max, per))
 
 
