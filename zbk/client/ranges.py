@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from zbk import limits
 from zbk.metadata.ledger import LedgerMetadata
 
-__all__ = ["entries_per_request", "fragment_index", "read_ahead"]
+__all__ = ["entries_per_request", "read_ahead"]
 
 
 class _Entry(Protocol):
@@ -44,7 +44,7 @@ async def read_ahead(md: LedgerMetadata, first: int, last: int,
     try:
         while nxt <= last:
             while planned <= last and len(ahead) < limits.client_range_reads_in_flight:
-                count = min(min(last, md.fragment_end(fragment_index(md, planned))) - planned + 1, per_request)
+                count = min(min(last, md.fragment_end(md.fragment_index(planned))) - planned + 1, per_request)
                 ahead.append((planned, count, asyncio.ensure_future(read_chunk(planned, count))))
                 planned += count
             start, count, task = ahead.popleft()
@@ -76,12 +76,3 @@ def entries_per_request(payload_bytes: int) -> int:
     ``limits.client_range_read_bytes``."""
     per = limits.client_range_read_bytes // (payload_bytes + limits.client_range_read_entry_overhead_bytes)
     return max(1, min(limits.entries_per_read_request_max, per))
-
-
-def fragment_index(md: LedgerMetadata, entry_id: int) -> int:
-    """The index in ``md.fragments`` of the fragment that holds ``entry_id``."""
-    idx = 0
-    for i, (first, _) in enumerate(md.fragments):
-        if first <= entry_id:
-            idx = i
-    return idx

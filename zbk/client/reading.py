@@ -20,7 +20,7 @@ from typing import Any
 from zbk import limits
 from zbk.client.context import HandleContext
 from zbk.client.digest import Digest
-from zbk.client.ranges import fragment_index, read_ahead
+from zbk.client.ranges import read_ahead
 from zbk.errors import (
     BookieUnavailableError,
     DigestMismatchError,
@@ -351,7 +351,7 @@ class ReadHandle:
         # nothing new falls back to the per-entry path (speculation, typed errors).
         nxt = first
         while nxt <= last:
-            frag_i = fragment_index(md, nxt)
+            frag_i = md.fragment_index(nxt)
             end = min(last, md.fragment_end(frag_i), nxt + limits.entries_per_read_request_max - 1)
             ensemble = [b for b in md.fragments[frag_i][1] if not self.ctx.transport.suspect(b)]
             got: dict[int, LedgerEntry] = {}

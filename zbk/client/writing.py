@@ -15,7 +15,6 @@ from zbk import limits
 from zbk.client import metrics as cm
 from zbk.client.adds import Batch, PendingAdd
 from zbk.client.context import AddScheduler, HandleContext, WriteSet
-from zbk.client.ranges import fragment_index
 from zbk.client.reading import ReadHandle
 from zbk.errors import (
     BookieUnavailableError,
@@ -509,7 +508,7 @@ class LedgerHandle(ReadHandle):
         if not self.deferred_sync or target <= self.lac:
             return self.lac
         md = self.md
-        first_frag = fragment_index(md, self.lac + 1)
+        first_frag = md.fragment_index(self.lac + 1)
         bookies = {b for _, ens in md.fragments[first_frag:] for b in ens}
         t = self.ctx.transport
 

@@ -127,15 +127,19 @@ class LedgerMetadata:
             raise BadRequestError("custom metadata too large")
         return self
 
-    def fragment_for(self, entry_id: int) -> tuple[int, tuple[str, ...]]:
-        """The fragment (first entry id, ensemble) that holds ``entry_id``."""
-        found = self.fragments[0]
-        for frag in self.fragments:
-            if frag[0] <= entry_id:
-                found = frag
+    def fragment_index(self, entry_id: int) -> int:
+        """The index in ``fragments`` of the fragment that holds ``entry_id``."""
+        found = 0
+        for i, (first, _) in enumerate(self.fragments):
+            if first <= entry_id:
+                found = i
             else:
                 break
         return found
+
+    def fragment_for(self, entry_id: int) -> tuple[int, tuple[str, ...]]:
+        """The fragment (first entry id, ensemble) that holds ``entry_id``."""
+        return self.fragments[self.fragment_index(entry_id)]
 
     def fragment_end(self, index: int) -> int:
         """Last entry id of fragment ``index`` (for the last fragment: last_entry_id when
