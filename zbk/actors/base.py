@@ -285,10 +285,12 @@ class ActorLoop(threading.Thread):
             self.ready.set()
             self._loop()
         except BaseException as e:  # noqa: BLE001 - any failure of an actor stops the bookie
-            if e is not self.start_error:
+            if e is self.start_error:  # not a crash: its owner raises it (Bookie.start)
+                self.ready.set()
+            else:
                 log.exception("actor %s crashed", self.core.name)
-            self.ready.set()
-            self.on_crash(self.core.name, e)
+                self.ready.set()
+                self.on_crash(self.core.name, e)
         finally:
             self.teardown()
             for s in self.extra if self.keep_inbound else self.inbound + self.extra:

@@ -39,7 +39,7 @@ from zbk.bookie.replay import checkpoint_after_replay, replay_journals
 from zbk.client.digest import master_key
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import BookieConfig
-from zbk.errors import EXIT_OK, ConfigError, CorruptDataError
+from zbk.errors import EXIT_OK, CorruptDataError
 from zbk.metadata import layout
 from zbk.metadata.coordination import LeaseKeeper
 from zbk.metadata.ledger import LedgerMetadata
@@ -76,9 +76,6 @@ class BookieBoot:
         self.stop_event = stop_event or threading.Event()
         self.exit_code = EXIT_OK
         self.crashed: str | None = None
-        # An actor that could not start for a configuration reason (the wire port taken): it
-        # served nothing, so the bookie stops cleanly, with the error, instead of crashing.
-        self.start_error: ConfigError | None = None
         self.loops: list[ActorLoop] = []
         self.index_actor: ActorLoop | None = None
         self.ctx: zmq.Context[Any] | None = None

@@ -50,7 +50,6 @@ from zbk.errors import (
     EXIT_COOKIE,
     EXIT_FAILED,
     EXIT_OK,
-    ConfigError,
     CookieMismatchError,
 )
 from zbk.metadata.registry import LedgerStore
@@ -123,8 +122,11 @@ class Bookie(BookieAdmin):
             loop.start()
         for loop in self.loops:
             loop.ready.wait(limits.actor_start_timeout_s)
-        if self.start_error is not None:
-            raise self.start_error
+        for loop in self.loops:
+            # An actor the configuration kept from starting (the wire port taken) handled
+            # nothing: the bookie stops cleanly, with its error, instead of as a crash.
+            if loop.start_error is not None:
+                raise loop.start_error
         if self.crashed:
             raise RuntimeError(f"actor {self.crashed} failed to start")
         self.admin = self.ctx.socket(zmq.PUSH)
@@ -177,9 +179,6 @@ class Bookie(BookieAdmin):
                       overrep=overrep)
 
     def _on_crash(self, name: str, exc: BaseException) -> None:
-        if isinstance(exc, ConfigError) and any(exc is loop.start_error for loop in self.loops):
-            self.start_error = exc  # start() raises it: that actor handled nothing, nothing is lost
-            return
         if self.crashed is None:
             self.crashed = name
             kind = "journal" if journal_of_actor(name) is not None else name
