@@ -349,3 +349,6 @@ spark_commit_attempts_max = 20  # as metadata_retry_attempts_max: commits of one
 spark_entries_per_partition_default = 10_000  # a read partition: a task's worth, not a ledger's
 spark_batch_rows_max = 4096  # rows per Arrow batch of a read
 spark_appends_in_flight_max = 10_000  # appends a writer task has outstanding: bounds its memory
+# A settled write job's mark outlives every task attempt of the job (Spark kills a cancelled
+# task's Python worker seconds after cancelling it), then expires with its lease.
+spark_settled_mark_ttl_s = 3600

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from zbk.client.sync import BookKeeper
+from zbk.errors import OperationRefusedError
 from zbk.metadata.uri import open_store
-from zbk.spark.catalog import iter_ledgers
-from zbk.spark.options import JOB_KEY, PARTITION_KEY, STATE_COMMITTED, STATE_KEY
+from zbk.spark import write
+from zbk.spark.catalog import iter_ledgers, job_ledgers
+from zbk.spark.options import JOB_KEY, PARTITION_KEY, STATE_COMMITTED, STATE_KEY, WriteOptions
 
 from .conftest import ZbkCluster
 from .util import wait_for
@@ -98,3 +103,72 @@ def test_plain_save_appends_as_api_md_shows(spark: Any, zbk_cluster: ZbkCluster,
     with BookKeeper(zbk_cluster.uri) as bk:
         rh = bk.open_ledger(md.ledger_id, password=b"")
         assert [e.payload for e in rh.read(0, md.last_entry_id)] == [b"plain-%d" % i for i in range(50)]
+
+
+# A task attempt racing its driver, without Spark: the driver's commit or abort runs at a
+# chosen point of the task, around the creation of the task's ledger.
+
+def _job_ledgers(uri: str, job: str) -> list[int]:
+    store = open_store(uri)
+    try:
+        return job_ledgers(store, job)
+    finally:
+        store.close()
+
+
+def _batch(n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"payload": [f"late-{i}".encode() for i in range(n)]})
+
+
+def _create_wrapped(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None] | None,
+                    after: Callable[[], None] | None) -> None:
+    real = write.BookKeeper.create_ledger
+
+    def create(self: BookKeeper, *a: Any, **kw: Any) -> Any:
+        if before:
+            before()
+        lh = real(self, *a, **kw)
+        if after:
+            after()
+        return lh
+
+    monkeypatch.setattr(write.BookKeeper, "create_ledger", create)
+
+
+@pytest.mark.parametrize("when", ["before_the_task", "before_create", "after_create"])
+def test_a_task_attempt_keeps_no_ledger_once_the_job_is_aborted(
+        zbk_cluster: ZbkCluster, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """Whenever the driver's abort lands (mark, then sweep) around the task's ledger
+    creation, no ledger of the job survives, even one the sweep could not see."""
+    opts, job = WriteOptions(metadata=zbk_cluster.uri), uuid.uuid4().hex
+    aborts: list[int] = []
+
+    def abort() -> None:
+        aborts.append(1)
+        write.abort_job(opts, job, [])
+
+    if when == "before_the_task":
+        abort()
+    _create_wrapped(monkeypatch, abort if when == "before_create" else None,
+                    abort if when == "after_create" else None)
+    with pytest.raises(OperationRefusedError, match="already committed or aborted"):
+        write.write_partition(opts, job, [_batch(10)], 0)
+    assert aborts == [1]
+    assert _job_ledgers(zbk_cluster.uri, job) == []
+
+
+def test_a_late_attempt_after_commit_leaves_the_committed_ledgers_alone(
+        zbk_cluster: ZbkCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A speculative twin that creates its ledger after the commit's sweep deletes its own
+    ledger; the committed one stays, with its entries."""
+    opts, job = WriteOptions(metadata=zbk_cluster.uri), uuid.uuid4().hex
+    done = write.write_partition(opts, job, [_batch(5)], 0)
+    assert done.ledger_id is not None
+    _create_wrapped(monkeypatch, lambda: write.commit_job(opts, job, [done]), None)
+    with pytest.raises(OperationRefusedError):
+        write.write_partition(opts, job, [_batch(5)], 0)
+    assert _job_ledgers(zbk_cluster.uri, job) == [done.ledger_id]
+    with BookKeeper(zbk_cluster.uri) as bk:
+        rh = bk.open_ledger(done.ledger_id)
+        assert rh.metadata.custom_metadata[STATE_KEY] == STATE_COMMITTED
+        assert [e.payload for e in rh.read(0, rh.last_add_confirmed)] == [f"late-{i}".encode() for i in range(5)]

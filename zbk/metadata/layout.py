@@ -29,6 +29,11 @@ LOST_BOOKIE_RECOVERY_DELAY = "config/lost_bookie_recovery_delay"
 # Present while an operator has switched auto-recovery off (BookKeeper's
 # ``underreplication/disable``): the auditor marks nothing and replicators repair nothing.
 AUTORECOVERY_DISABLED = "underreplication/disable"
+# spark/settled/<job id>: a Spark write job whose driver committed or aborted it, written
+# before the driver sweeps the job's ledgers. A task attempt that creates its ledger after
+# that sweep finds the mark and deletes the ledger itself. Bound to a lease
+# (limits.spark_settled_mark_ttl_s), so the marks of old jobs expire on their own.
+SPARK_SETTLED_JOBS = "spark/settled/"
 
 
 def ledger_key(ledger_id: int) -> str:
@@ -39,6 +44,11 @@ def ledger_key(ledger_id: int) -> str:
 def ledger_id_from_key(key: str) -> int:
     assert key.startswith(LEDGERS), key
     return int(key[len(LEDGERS):])
+
+
+def spark_settled_key(job_id: str) -> str:
+    assert job_id and "/" not in job_id, job_id
+    return SPARK_SETTLED_JOBS + job_id
 
 
 def cookie_key(bookie_id: str) -> str:

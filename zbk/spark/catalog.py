@@ -84,6 +84,17 @@ def mark_committed(store: MetadataStore, ledger_id: int, job_id: str) -> None:
     raise MetadataVersionError(f"ledger {ledger_id}: gave up committing after {limits.spark_commit_attempts_max} conflicts")
 
 
+def mark_settled(store: MetadataStore, job_id: str) -> None:
+    """Record that ``job_id``'s driver committed or aborted it: its set of ledgers is final.
+    The mark lives ``limits.spark_settled_mark_ttl_s`` (a lease), long past the job's tasks."""
+    lease = store.grant_lease(limits.spark_settled_mark_ttl_s)
+    store.put(layout.spark_settled_key(job_id), b"", lease=lease)
+
+
+def is_settled(store: MetadataStore, job_id: str) -> bool:
+    return store.get(layout.spark_settled_key(job_id)) is not None
+
+
 def delete_ledgers(store: MetadataStore, ledger_ids: Iterable[int]) -> list[int]:
     """Delete each ledger; already-absent ones are fine. Returns the ids actually deleted."""
     ledgers = LedgerStore(store)

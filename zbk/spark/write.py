@@ -8,9 +8,16 @@ Commit protocol (docs/spark.md "Writing"):
    ``payload`` column (pipelined, in row order), closes the ledger and reports its id. A
    task that fails deletes its ledger before re-raising. Empty partitions create nothing.
 3. ``commit`` (driver, all tasks succeeded): flips every reported ledger to
-   ``zbk.spark.state = committed`` by compare-and-set, then deletes any other ledger of the
-   job (a failed or superseded task attempt).
-4. ``abort`` (driver, a task failed): deletes every ledger of the job.
+   ``zbk.spark.state = committed`` by compare-and-set, marks the job settled, then deletes
+   any other ledger of the job (a failed or superseded task attempt).
+4. ``abort`` (driver, a task failed): marks the job settled, then deletes every ledger of
+   the job.
+
+A task attempt still running when the driver settles the job (cancelled, or a speculative
+twin) may create its ledger after the driver's sweep, and Spark may then SIGKILL it. So a
+task checks the settled mark just before and just after creating its ledger: a ledger
+created before the mark is the sweep's, one created after it is found by its own task,
+which deletes it and fails.
 
 Selectors ("all", "meta:KEY=VALUE") never match pending ledgers, so readers see a job's
 ledgers only once it committed.
@@ -30,9 +37,9 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from zbk import limits
 from zbk.client.sync import BookKeeper, SyncLedgerHandle
-from zbk.errors import BadRequestError, ZbkError
+from zbk.errors import BadRequestError, NoSuchLedgerError, OperationRefusedError, ZbkError
 from zbk.metadata.uri import open_store
-from zbk.spark.catalog import delete_ledgers, job_ledgers, mark_committed
+from zbk.spark.catalog import delete_ledgers, is_settled, job_ledgers, mark_committed, mark_settled
 from zbk.spark.options import WriteOptions
 
 log = logging.getLogger(__name__)
@@ -81,9 +88,11 @@ def write_partition(opts: WriteOptions, job_id: str, batches: Iterable[pa.Record
             for batch in batches:
                 for payload in _payloads(batch, partition):
                     if lh is None:
+                        _refuse_if_settled(opts, job_id)
                         lh = bk.create_ledger(opts.ensemble, opts.write_quorum, opts.ack_quorum,
                                               password=opts.password, digest=opts.digest,
                                               custom_metadata=opts.ledger_metadata(job_id, partition))
+                        _refuse_if_settled(opts, job_id)
                     in_flight.append(lh.append_async(payload))
                     entries += 1
                     size += len(payload)
@@ -112,9 +121,22 @@ def _payloads(batch: pa.RecordBatch, partition: int | None) -> list[bytes]:
     return values
 
 
+def _refuse_if_settled(opts: WriteOptions, job_id: str) -> None:
+    store = open_store(opts.metadata)
+    try:
+        settled = is_settled(store, job_id)
+    finally:
+        store.close()
+    if settled:
+        raise OperationRefusedError(f"Spark write job {job_id} was already committed or aborted by its driver; "
+                                    "this task attempt keeps no ledger")
+
+
 def _delete_quietly(bk: BookKeeper, ledger_id: int) -> None:
     try:
         bk.delete_ledger(ledger_id)
+    except NoSuchLedgerError:
+        pass  # the driver's sweep deleted it first
     except ZbkError as e:  # the driver's abort scans for the job's ledgers again
         log.warning("could not delete ledger %d of a failed write task: %s", ledger_id, e)
 
@@ -129,6 +151,7 @@ def commit_job(opts: WriteOptions, job_id: str, messages: list[WriterCommitMessa
     try:
         for lid in sorted(written):
             mark_committed(store, lid, job_id)
+        mark_settled(store, job_id)
         strays = [lid for lid in job_ledgers(store, job_id) if lid not in written]
         if strays:
             log.info("write job %s: deleting ledgers of failed task attempts: %s", job_id, strays)
@@ -140,6 +163,7 @@ def commit_job(opts: WriteOptions, job_id: str, messages: list[WriterCommitMessa
 def abort_job(opts: WriteOptions, job_id: str, messages: list[WriterCommitMessage | None]) -> None:
     store = open_store(opts.metadata)
     try:
+        mark_settled(store, job_id)
         doomed = _written(messages) | set(job_ledgers(store, job_id))
         deleted = delete_ledgers(store, sorted(doomed))
         log.info("write job %s aborted: deleted ledgers %s", job_id, deleted)
