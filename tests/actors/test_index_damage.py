@@ -38,3 +38,13 @@ def test_damaged_slot_is_an_error_result_not_a_crash(tmp_path: Path) -> None:
     core.on_message(Lookup(ctx=3, ledger_id=2, first_entry_id=0, count=10, bytes_max=1 << 20), 0.0)
     (ok,) = out.take("entrylogger", ReadLocations)
     assert len(ok.locations) == 10 and not ok.error, "the other ledger is unaffected"
+
+    # A striped read (WQ < E) looks up only its stripe's slots: one that skips entry 5 is whole.
+    core.on_message(Lookup(ctx=4, ledger_id=1, first_entry_id=0, count=10, bytes_max=1 << 20, sparse=True,
+                           stripe=(3, 1)), 0.0)
+    (stripe,) = out.take("entrylogger", ReadLocations)
+    assert stripe.entry_ids == [1, 4, 7] and not stripe.error, stripe
+    core.on_message(Lookup(ctx=5, ledger_id=1, first_entry_id=1, count=9, bytes_max=1 << 20, sparse=True,
+                           stripe=(2, 1)), 0.0)
+    (damaged,) = out.take("entrylogger", ReadLocations)
+    assert damaged.entry_ids == [1, 3] and damaged.error, damaged

@@ -47,9 +47,9 @@ def _setup(tmp_path: Path, held: dict[int, list[int]]) -> tuple[IndexCore, Entry
 
 
 def _read(index: IndexCore, el: EntryLoggerCore, out: ListOutbox, lid: int, first: int, count: int,
-          sparse: bool = False) -> tuple[ReadLocations, ReadResult]:
+          sparse: bool = False, stripe: tuple[int, int] | None = None) -> tuple[ReadLocations, ReadResult]:
     index.on_message(Lookup(ctx=1, ledger_id=lid, first_entry_id=first, count=count, bytes_max=8 << 20,
-                            sparse=sparse), 0.0)
+                            sparse=sparse, stripe=stripe), 0.0)
     (locs,) = out.take("entrylogger", ReadLocations)
     el.on_message(locs, 0.0)
     el.finish_reads()
@@ -70,6 +70,11 @@ def test_contiguous_and_sparse_range_reads(tmp_path: Path) -> None:
     locs, res = _read(index, el, out, 2, 0, 50, sparse=True)
     want = [e for e in range(50) if e % 3 != 1]
     assert locs.entry_ids == want and [bytes(b) for b in res.blobs] == [_blob(2, e) for e in want]
+    # A stripe of it: the held entries whose id % 3 is the residue, whatever the range's start.
+    for first, residue in ((0, 0), (0, 1), (0, 2), (1, 0), (5, 2), (7, 0)):
+        locs, res = _read(index, el, out, 2, first, 50, sparse=True, stripe=(3, residue))
+        want = [e for e in range(first, first + 50) if e % 3 == residue and e % 3 != 1]
+        assert locs.entry_ids == want and [bytes(b) for b in res.blobs] == [_blob(2, e) for e in want]
     _, res = _read(index, el, out, 3, 0, 10)
     assert res.blobs == [] and not res.ledger_known and not res.error
     el.logs.close()

@@ -232,6 +232,16 @@ def test_sparse_ranged_read_returns_every_held_entry_of_the_range(bookies):
 
         assert [peek_entry_header(b)[1] for b in sparse.entries] == held
         assert read(c, 8, 31, 5, flags=ReadFlag.SPARSE).status == Status.ENOENTRY
+        # One stripe: the held entries of the range whose id % 3 is the residue.
+        for first, residue in ((0, 0), (0, 2), (4, 0), (5, 2), (7, 2)):
+            striped = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=first, count=20,
+                                           flags=ReadFlag.SPARSE, stripe=(3, residue)))
+            assert striped.status == Status.EOK
+            assert [peek_entry_header(b)[1] for b in striped.entries] == \
+                [e for e in held if first <= e < first + 20 and e % 3 == residue]
+        lacking = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=30,
+                                       flags=ReadFlag.SPARSE, stripe=(3, 1)))
+        assert lacking.status == Status.ENOENTRY and not lacking.entries
         bad = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=2,
                                    flags=ReadFlag.SPARSE | ReadFlag.FENCE, master_key=MK))
         assert bad.status == Status.EBADREQ

@@ -1,8 +1,10 @@
-"""Range reads where every bookie holds every entry (WQ == E), under the deterministic
-simulation (tests/client/sim.py; ``ZBK_SEED=<n>`` replays a run): requests of about
+"""Range reads under the deterministic simulation (tests/client/sim.py; ``ZBK_SEED=<n>``
+replays a run). Where every bookie holds every entry (WQ == E): requests of about
 ``limits.client_range_read_bytes``, several in flight ahead of the entries handed out, and
 the entries still whole and in order when answers come back short, late or out of order, or
-the range spans fragments; a reader that stops early leaves no read behind."""
+the range spans fragments; a reader that stops early leaves no read behind. Where WQ < E:
+each chunk read as one stripe per bookie, every entry answered once, a stripe whose bookie
+is down read from the next holder, and a bookie that refuses stripes still read."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import pytest
 from zbk import limits
 from zbk.client.handles import LedgerHandle
 from zbk.wire import messages as w
+from zbk.wire.ops import ReadFlag
+from zbk.wire.status import Status
 
 from . import sim
 from .sim import Rule, SimCluster
@@ -30,21 +34,33 @@ def payload(i: int) -> bytes:
 
 
 class ReadLog:
-    """The ranged reads a client sends: (bookie, first, count), and the most in flight at once."""
+    """The ranged reads a client sends: (bookie, first, count), the striped ones (bookie,
+    first, count, stripe), the entries answered to them, and the most in flight at once.
+    Bookies in ``refuse_stripes`` answer a striped read as a bookie that predates the stripe
+    keys does (EBADREQ)."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Any, refuse_stripes: frozenset[str] = frozenset()) -> None:
         self.reads: list[tuple[str, int, int]] = []
+        self.stripes: list[tuple[str, int, int, tuple[int, int] | None]] = []
+        self.answered = 0
         self.in_flight = self.most = 0
         inner = transport.request
 
         async def request(bookie: str, msg: Any, timeout_s: float) -> Any:
-            if not isinstance(msg, w.ReadRequest) or msg.flags:
+            if not isinstance(msg, w.ReadRequest) or msg.flags & ~ReadFlag.SPARSE:
                 return await inner(bookie, msg, timeout_s)
-            self.reads.append((bookie, msg.first_entry_id, msg.count))
+            if msg.flags:
+                self.stripes.append((bookie, msg.first_entry_id, msg.count, msg.stripe))
+                if msg.stripe is not None and bookie in refuse_stripes:
+                    return w.ErrorResponse(rid=msg.rid, status=Status.EBADREQ)
+            else:
+                self.reads.append((bookie, msg.first_entry_id, msg.count))
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
             try:
-                return await inner(bookie, msg, timeout_s)
+                resp = await inner(bookie, msg, timeout_s)
+                self.answered += len(getattr(resp, "entries", ()))
+                return resp
             finally:
                 self.in_flight -= 1
 
@@ -58,8 +74,8 @@ def small_requests(monkeypatch: pytest.MonkeyPatch) -> int:
     return 1_000 // (ENTRY + limits.client_range_read_entry_overhead_bytes)
 
 
-async def written(c: SimCluster, e: int = 3, n: int = N) -> LedgerHandle:
-    lh, log, _ = await writer(c, 0, e, e, 2)
+async def written(c: SimCluster, e: int = 3, n: int = N, wq: int | None = None) -> LedgerHandle:
+    lh, log, _ = await writer(c, 0, e, e if wq is None else wq, 2)
     for i in range(n):
         log.append(lh, payload(i))
     await asyncio.gather(*log.futures)
@@ -165,3 +181,52 @@ def test_a_reader_that_stops_early_leaves_no_read_behind(small_requests: int) ->
         assert log.most > 1
 
     sim.run(scenario())
+
+
+def read_striped(setup: Callable[[SimCluster, LedgerHandle], None] | None = None,
+                 refuse_stripes: Callable[[LedgerHandle], frozenset[str]] | None = None) -> tuple[LedgerHandle, ReadLog]:
+    """As read_back, for an E3 WQ2 ledger: each bookie holds two stripes of three."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> tuple[LedgerHandle, ReadLog]:
+        c = SimCluster(seed, bookies=3)
+        lh = await written(c, wq=2)
+        if setup is not None:
+            setup(c, lh)
+        rh, _ = await reader(c, lh)
+        log = ReadLog(rh.ctx.transport, refuse_stripes(lh) if refuse_stripes else frozenset())
+        got = [(x.entry_id, x.payload) async for x in rh.read(0, lh.md.last_entry_id)]
+        assert got == [(i, payload(i)) for i in range(N)]
+        return lh, log
+
+    return sim.run(scenario())
+
+
+def test_striped_ranges_bring_every_entry_once(small_requests: int) -> None:
+    lh, log = read_striped()
+    ensemble = lh.md.fragments[0][1]
+    assert log.stripes and not log.reads
+    for bookie, _, count, stripe in log.stripes:
+        assert stripe is not None and stripe[0] == 3, stripe
+        assert bookie == ensemble[stripe[1]], "a stripe is asked of the first bookie holding it"
+        assert count <= small_requests
+    assert log.answered == N, "no entry comes twice"
+    assert log.most > 3, "several chunks in flight, each of three stripes"
+
+
+def test_a_stripe_whose_bookie_is_down_is_read_from_the_next_holder(small_requests: int) -> None:
+    def crash_one(c: SimCluster, lh: LedgerHandle) -> None:
+        c.bookie(lh.md.fragments[0][1][1]).crash()
+
+    lh, log = read_striped(crash_one)
+    down = lh.md.fragments[0][1][1]
+    assert any(b != down and s == (3, 1) for b, _, _, s in log.stripes), "stripe 1 read from its other holder"
+
+
+def test_a_bookie_that_refuses_stripes_still_has_its_entries_read(small_requests: int) -> None:
+    """A bookie older than the stripe keys answers EBADREQ: the client asks it again for
+    every entry it holds in the chunk and keeps the stripe's."""
+    lh, log = read_striped(refuse_stripes=lambda lh: frozenset({lh.md.fragments[0][1][0]}))
+    old = lh.md.fragments[0][1][0]
+    assert any(b == old and s is None for b, _, _, s in log.stripes)
+    assert not any(b != old and s is None for b, _, _, s in log.stripes)

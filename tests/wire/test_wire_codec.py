@@ -389,6 +389,14 @@ def test_add_request_entry_count_bounds() -> None:
         ({"pl": 3}, "only for LONG_POLL"),
         ({"f": 3, "mk": MK, "pl": 1, "to": 1}, "exclude each other"),
         ({"f": 8}, "read flags"),
+        ({"sm": 3, "sr": 1}, "only for SPARSE"),
+        ({"f": ReadFlag.SPARSE.value, "sm": 3}, "come together"),
+        ({"f": ReadFlag.SPARSE.value, "sr": 0}, "come together"),
+        ({"f": ReadFlag.SPARSE.value, "sm": 0, "sr": 0}, "sm must be"),
+        ({"f": ReadFlag.SPARSE.value, "sm": limits.ledger_ensemble_size_max + 1, "sr": 0}, "sm must be"),
+        ({"f": ReadFlag.SPARSE.value, "sm": 3, "sr": 3}, "sr must be"),
+        ({"f": ReadFlag.SPARSE.value, "sm": 3, "sr": -1}, "sr must be"),
+        ({"f": ReadFlag.SPARSE.value, "sm": 3, "sr": "1"}, "sr must be"),
     ],
 )
 def test_read_request_field_checks(changes: dict[str, Any], why: str) -> None:
@@ -409,6 +417,12 @@ def test_read_request_defaults_and_long_poll() -> None:
         previous_lac=4,
         timeout_ms=1000,
     )
+
+
+def test_read_request_stripe() -> None:
+    striped = decode_request(with_header(read_header(f=ReadFlag.SPARSE.value, n=300, sm=3, sr=2)))
+    assert striped == ReadRequest(rid=RID, ledger_id=7, first_entry_id=0, count=300, flags=ReadFlag.SPARSE,
+                                  stripe=(3, 2))
 
 
 def test_requests_without_payload_refuse_payload_frames() -> None:

@@ -89,6 +89,11 @@ def _read_options(draw: st.DrawFn) -> dict[str, Any]:
 def read_requests(draw: st.DrawFn) -> ReadRequest:
     count = draw(ints(1, limits.entries_per_read_request_max))
     first = draw(ints(0, I64_MAX - count + 1))
+    if draw(st.booleans()):  # a ranged read of the stripes of a WQ < E ledger
+        modulus = draw(ints(1, limits.ledger_ensemble_size_max))
+        return ReadRequest(rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count,
+                           flags=ReadFlag.SPARSE, master_key=draw(st.none() | master_keys),
+                           stripe=draw(st.none() | st.tuples(st.just(modulus), ints(0, modulus - 1))))
     return ReadRequest(
         rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count, **draw(_read_options())
     )

@@ -105,7 +105,12 @@ class IndexCore:
             self._lookup_one_by_one(msg)  # finds the damaged slot and what precedes it
             return
         if msg.sparse:
-            entry_ids = [first + i for i, loc in enumerate(found) if loc is not None]
+            step, base = 1, first
+            if msg.stripe is not None:
+                modulus, residue = msg.stripe
+                skip = (residue - first) % modulus  # the offset of the stripe's first id in the range
+                found, step, base = found[skip::modulus], modulus, first + skip
+            entry_ids = [base + i * step for i, loc in enumerate(found) if loc is not None]
             found = [loc for loc in found if loc is not None]
         elif None in found:
             found = found[:found.index(None)]
@@ -120,7 +125,11 @@ class IndexCore:
         locations: list[int] = []
         entry_ids: list[int] = []
         error = ""
-        for eid in range(msg.first_entry_id, msg.first_entry_id + msg.count):
+        first, end, step = msg.first_entry_id, msg.first_entry_id + msg.count, 1
+        if msg.stripe is not None:
+            step = msg.stripe[0]
+            first += (msg.stripe[1] - first) % step
+        for eid in range(first, end, step):
             try:
                 loc = get(lid, eid)
             except CorruptDataError as e:

@@ -141,6 +141,7 @@ class Lookup:
     count: int
     bytes_max: int
     sparse: bool = False  # every held entry of the range, not only the contiguous prefix
+    stripe: tuple[int, int] | None = None  # sparse only: the ids with id % stripe[0] == stripe[1]
 
 
 @dataclass(slots=True)

@@ -123,7 +123,7 @@ class ServerReads(ServerBase):
         ctx = self._next()
         self.reads[ctx] = PendingRead(ident, req, started)
         self._to_index(Lookup(ctx, lid, first, count, limits.read_response_bytes_max,
-                              sparse=bool(req.flags & w.ReadFlag.SPARSE)))
+                              sparse=bool(req.flags & w.ReadFlag.SPARSE), stripe=req.stripe))
 
     def _start_fenced_reads(self, lid: int) -> None:
         """Start the reads of ``lid`` whose adds admitted before them are all appended now."""

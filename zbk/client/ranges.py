@@ -1,5 +1,6 @@
-"""Range reads of a fragment whose every bookie holds every entry (WQ = E): requests of about
-``limits.client_range_read_bytes`` each, several in flight ahead of the entries handed out.
+"""Range reads: chunks of about ``limits.client_range_read_bytes`` each, several in flight
+ahead of the entries handed out. Where WQ = E a chunk is one request to one bookie; where
+WQ < E it is one request per bookie of the fragment, each for its stripe of the chunk.
 
 A bookie answers a read request in one piece. One of 4,096 x 1 KiB entries keeps its threads
 busy for milliseconds at a stretch while adds wait behind it; several smaller ones in flight

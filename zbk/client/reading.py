@@ -339,37 +339,13 @@ class ReadHandle:
         """Entries ``first..last``. With ``confirmed``, an entry past it that every replica
         lacks ends the range instead of raising NoSuchEntryError (read_unconfirmed)."""
         md = self.md
-        if md.write_quorum == md.ensemble_size:
-            # Closed with the caller: its reads ahead are cancelled when the caller stops.
-            ahead = read_ahead(md, first, last, self._read_chunk, lambda eid: self._read_or_end(eid, confirmed))
-            async with contextlib.aclosing(ahead) as entries:
-                async for e in entries:
-                    yield e
-            return
-        # Otherwise each bookie holds only its stripes: ask every (non-suspect) bookie of the
-        # fragment for the whole chunk with SPARSE and merge by entry id. A round that yields
-        # nothing new falls back to the per-entry path (speculation, typed errors).
-        nxt = first
-        while nxt <= last:
-            frag_i = md.fragment_index(nxt)
-            end = min(last, md.fragment_end(frag_i), nxt + limits.entries_per_read_request_max - 1)
-            ensemble = [b for b in md.fragments[frag_i][1] if not self.ctx.transport.suspect(b)]
-            got: dict[int, LedgerEntry] = {}
-            while nxt <= end:
-                results = await asyncio.gather(*(self._read_sparse(b, nxt, end) for b in ensemble),
-                                               return_exceptions=True)
-                for r in results:
-                    if isinstance(r, list):
-                        for e in r:
-                            got.setdefault(e.entry_id, e)
-                if nxt not in got:
-                    entry = await self._read_or_end(nxt, confirmed)
-                    if entry is None:
-                        return
-                    got[nxt] = entry
-                while nxt <= end and nxt in got:
-                    yield got.pop(nxt)
-                    nxt += 1
+        # With WQ < E a bookie holds only its stripes: each chunk is read as stripes, one per bookie.
+        chunk = self._read_chunk if md.write_quorum == md.ensemble_size else self._read_striped
+        # Closed with the caller: its reads ahead are cancelled when the caller stops.
+        ahead = read_ahead(md, first, last, chunk, lambda eid: self._read_or_end(eid, confirmed))
+        async with contextlib.aclosing(ahead) as entries:
+            async for e in entries:
+                yield e
 
     async def _read_chunk(self, first: int, count: int) -> list[LedgerEntry]:
         """Entries first.. (at most ``count``) from the first bookie of the write set that
@@ -392,20 +368,56 @@ class ReadHandle:
         except NoSuchEntryError:
             return None
 
-    async def _read_sparse(self, bookie: str, first: int, last: int) -> list[LedgerEntry]:
-        """Every entry of first..last that ``bookie`` holds (digest-checked; bad copies dropped)."""
-        t = self.ctx.transport
-        resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=first,
-                                                     count=last - first + 1, flags=ReadFlag.SPARSE),
-                               self.ctx.read_timeout_s)
+    async def _read_striped(self, first: int, count: int) -> list[LedgerEntry]:
+        """Entries first.. (at most ``count``, within one fragment) where WQ < E, as the
+        contiguous prefix that the stripes bring. The entries whose id % E is r are held by
+        the r-th bookie of the fragment and the WQ - 1 after it; each such stripe is asked
+        (SPARSE) of the first of those that has not failed lately, so every entry comes once."""
+        md = self.md
+        _, ensemble = md.fragment_for(first)
+        size = len(ensemble)
+        suspect = self.ctx.transport.suspect
+        asks = []
+        for r in sorted({(first + i) % size for i in range(min(size, count))}):
+            holders = [ensemble[(r + k) % size] for k in range(md.write_quorum)]
+            asks.append(self._read_stripe(min(holders, key=suspect), first, count, (size, r)))
+        got: dict[int, LedgerEntry] = {}
+        for stripe in await asyncio.gather(*asks):
+            for e in stripe:
+                got[e.entry_id] = e
         out: list[LedgerEntry] = []
-        for blob in getattr(resp, "entries", ()):
+        eid = first
+        while eid in got:
+            out.append(got[eid])
+            eid += 1
+        return out
+
+    async def _read_stripe(self, bookie: str, first: int, count: int, stripe: tuple[int, int]) -> list[LedgerEntry]:
+        """The entries of first..first+count-1 with id % stripe[0] == stripe[1] that ``bookie``
+        holds, digest-checked (a bad copy is dropped); [] if it does not answer."""
+        t = self.ctx.transport
+        modulus, residue = stripe
+        try:
+            resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
+                                                         first_entry_id=first, count=count, flags=ReadFlag.SPARSE,
+                                                         stripe=stripe), self.ctx.read_timeout_s)
+            if isinstance(resp, w.ErrorResponse) and resp.status == Status.EBADREQ:
+                # A bookie older than the stripe keys refuses them: it sends every entry it holds.
+                resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
+                                                             first_entry_id=first, count=count, flags=ReadFlag.SPARSE),
+                                       self.ctx.read_timeout_s)
+        except BookieUnavailableError:
+            return []
+        if resp.status == Status.EUA:
+            raise UnauthorizedError(f"{bookie}: wrong password for ledger {self.ledger_id}")
+        out: list[LedgerEntry] = []
+        for blob in getattr(resp, "entries", ()):  # an ErrorResponse (shed unread) has none
             try:
                 e = parse_entry(blob, self.digest, ledger_id=self.ledger_id)
             except DigestMismatchError as err:
                 log.warning("ledger %d: bad copy from %s: %s", self.ledger_id, bookie, err)
                 continue
-            if first <= e.entry_id <= last:
+            if first <= e.entry_id < first + count and e.entry_id % modulus == residue:
                 out.append(LedgerEntry(self.ledger_id, e.entry_id, bytes(e.payload), e.ledger_length))
         return out
 

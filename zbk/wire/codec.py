@@ -264,7 +264,20 @@ def _dec_read_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadRequest:
         master_key=master_key,
         previous_lac=previous_lac,
         timeout_ms=timeout_ms,
+        stripe=_stripe(h, flags) if "sm" in h or "sr" in h else None,
     )
+
+
+def _stripe(h: dict[str, Any], flags: ReadFlag) -> tuple[int, int]:
+    if not flags & _SPARSE:
+        raise _Invalid("sm and sr are only for SPARSE")
+    if "sm" not in h or "sr" not in h:
+        raise _Invalid("sm and sr come together")
+    modulus = _count(h["sm"], "sm", limits.ledger_ensemble_size_max)
+    residue = h["sr"]
+    if type(residue) is not int or not 0 <= residue < modulus:
+        raise _Invalid(f"sr must be in 0..{modulus - 1}, got {_show(residue)}")
+    return modulus, residue
 
 
 def _dec_read_lac_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadLacRequest:
@@ -441,7 +454,7 @@ def _table(spec: dict[OpCode, tuple[_Decoder, str]]) -> dict[int, tuple[_Decoder
 _REQUESTS = _table({
     OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f n"),
     OpCode.MULTI_ADD: (_dec_multi_add_request, "v op rid n"),
-    OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to"),
+    OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to sm sr"),
     OpCode.READ_LAC: (_dec_read_lac_request, "v op rid l f mk pl to"),
     OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
     OpCode.FORCE_LEDGER: (_dec_force_ledger_request, "v op rid l"),

@@ -145,6 +145,8 @@ def _enc_read_request(m: ReadRequest) -> list[Blob]:
     if m.count != 1:
         h["n"] = m.count
     _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
+    if m.stripe is not None:
+        h["sm"], h["sr"] = m.stripe
     return [_cbor_map(h)]
 
 

@@ -137,7 +137,9 @@ class ReadRequest:
     With ``FENCE`` the ledger is fenced first (``master_key`` required). With ``LONG_POLL``
     the bookie waits until its LAC > ``previous_lac`` or ``timeout_ms`` passes, then answers
     the read as usual. ``master_key`` is optional otherwise (checked when present);
-    ``previous_lac`` and ``timeout_ms`` are sent only with ``LONG_POLL``.
+    ``previous_lac`` and ``timeout_ms`` are sent only with ``LONG_POLL``. ``stripe``
+    ``(modulus, residue)``, only with ``SPARSE``: just the entries whose id % modulus ==
+    residue (with WQ < E, the client asks each bookie for one stripe, so no entry comes twice).
     """
 
     rid: int
@@ -148,6 +150,7 @@ class ReadRequest:
     master_key: bytes | None = None
     previous_lac: int = -1
     timeout_ms: int = 0
+    stripe: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
