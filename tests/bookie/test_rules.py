@@ -242,6 +242,12 @@ def test_sparse_ranged_read_returns_every_held_entry_of_the_range(bookies):
         lacking = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=30,
                                        flags=ReadFlag.SPARSE, stripe=(3, 1)))
         assert lacking.status == Status.ENOENTRY and not lacking.entries
+        # Asked for packed entries: the same blobs, as a length table and one frame.
+        packed = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=30,
+                                      flags=ReadFlag.SPARSE, packed=True))
+        assert packed.packed and list(map(bytes, packed.entries)) == list(map(bytes, sparse.entries))
+        one = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=1, packed=True))
+        assert not one.packed and len(one.entries) == 1, "one entry is not worth a length table"
         bad = c.call(w.ReadRequest(rid=c.next_rid(), ledger_id=8, first_entry_id=0, count=2,
                                    flags=ReadFlag.SPARSE | ReadFlag.FENCE, master_key=MK))
         assert bad.status == Status.EBADREQ

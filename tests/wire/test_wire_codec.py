@@ -127,6 +127,46 @@ def test_add_entries_travel_packed_in_two_frames() -> None:
         (5, AddFlag(0), blobs[:2]), (6, AddFlag.RECOVERY_ADD, blobs[2:])]
 
 
+def test_read_entries_travel_packed_when_the_request_asks() -> None:
+    req = decode_request(with_header(read_header(n=10, pk=1)))
+    assert isinstance(req, ReadRequest) and req.packed
+    assert not decode_request(with_header(read_header(n=10))).packed
+    for bad in (0, 2, "1", True):
+        assert "pk must be 1" in str(reject_request(with_header(read_header(n=10, pk=bad))))
+    blobs = (b"abc", b"", b"de" * 300)
+    frames = encode(ReadResponse(rid=1, status=Status.EOK, ledger_id=2, first_entry_id=5, lac=7, entries=blobs,
+                                 packed=True))
+    assert len(frames) == 3 and header(frames)["n"] == 3
+    assert frames[1] == struct.pack(">3I", 3, 0, 600) and frames[2] == b"".join(blobs)
+    got = decode_response(frames)
+    assert isinstance(got, ReadResponse) and got.packed and tuple(map(bytes, got.entries)) == blobs
+    # Nothing to pack: the answer has no n, whatever was asked.
+    none = encode(ReadResponse(rid=1, status=Status.ENOENTRY, ledger_id=2, first_entry_id=5, lac=7, packed=True))
+    assert len(none) == 1 and "n" not in header(none)
+
+
+@pytest.mark.parametrize("damage", ["n0", "n_over", "table_short", "sum_long", "extra_frame", "missing_frame"])
+def test_malformed_packed_read_answers_fail_their_request(damage: str) -> None:
+    frames = encode(ReadResponse(rid=RID, status=Status.EOK, ledger_id=2, first_entry_id=0, lac=1,
+                                 entries=(b"abc", b"defg"), packed=True))
+    h, rest = header(frames), list(frames[1:])
+    if damage == "n0":
+        h["n"] = 0
+    elif damage == "n_over":
+        h["n"] = limits.entries_per_read_request_max + 1
+    elif damage == "table_short":
+        rest[0] = rest[0][:-1]
+    elif damage == "sum_long":
+        rest[1] = rest[1] + b"!"
+    elif damage == "extra_frame":
+        rest.append(b"more")
+    else:
+        rest = rest[:-1]
+    with pytest.raises(FrameError) as err:
+        decode_response(with_header(h, rest))
+    assert err.value.rid == RID
+
+
 def test_a_frame_per_entry_is_still_accepted_and_passed_through() -> None:
     blobs = [memoryview(b"x" * 100), memoryview(b"y" * 7)]
     frames = with_header({"v": 1, "op": OpCode.ADD_ENTRY, "rid": 1, "l": 2, "mk": MK}, blobs)  # type: ignore[arg-type]

@@ -93,9 +93,11 @@ def read_requests(draw: st.DrawFn) -> ReadRequest:
         modulus = draw(ints(1, limits.ledger_ensemble_size_max))
         return ReadRequest(rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count,
                            flags=ReadFlag.SPARSE, master_key=draw(st.none() | master_keys),
-                           stripe=draw(st.none() | st.tuples(st.just(modulus), ints(0, modulus - 1))))
+                           stripe=draw(st.none() | st.tuples(st.just(modulus), ints(0, modulus - 1))),
+                           packed=draw(st.booleans()))
     return ReadRequest(
-        rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count, **draw(_read_options())
+        rid=draw(rids), ledger_id=draw(ledger_ids), first_entry_id=first, count=count, **draw(_read_options()),
+        packed=draw(st.booleans()),
     )
 
 
@@ -116,6 +118,7 @@ def read_responses(draw: st.DrawFn) -> ReadResponse:
         first_entry_id=first,
         lac=draw(lacs),
         entries=entries,
+        packed=bool(entries) and draw(st.booleans()),  # packed: only with entries (n >= 1)
     )
 
 

@@ -171,7 +171,8 @@ class ServerReads(ServerBase):
         m.REQUESTS_TOTAL.labels("read", status.name).inc()
         first = req.previous_lac + 1 if req.flags & w.ReadFlag.LONG_POLL else req.first_entry_id
         self.reply(ident, encode(w.ReadResponse(rid=req.rid, status=status, ledger_id=req.ledger_id,
-                                                first_entry_id=first, lac=lac, entries=blobs)))
+                                                first_entry_id=first, lac=lac, entries=blobs,
+                                                packed=req.packed and len(blobs) > 1)))
 
     def _advance_lac(self, lid: int, state: LedgerState, lac: int, now: float) -> None:
         state.lac = lac

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -88,7 +89,7 @@ class ReadHandle:
 
     # Slots, not a __dict__: a client may hold 10,000 open handles, and a write touches its
     # handle's fields several times per entry.
-    __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac")
+    __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac", "_chunks_asked")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes) -> None:
         """A handle on a ledger; `AsyncBookKeeper` makes handles, applications do not.
@@ -107,6 +108,7 @@ class ReadHandle:
         self.digest: Digest = ctx.digest_for(md.digest, password)
         self.master_key = ctx.master_key_for(password)
         self.lac = md.last_entry_id if md.is_closed else -1
+        self._chunks_asked = 0  # where WQ = E, chunk k goes first to the k-th bookie of its write set
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -247,8 +249,8 @@ class ReadHandle:
         the status of the first one it did not return."""
         t = self.ctx.transport
         key = self.master_key if flags & ReadFlag.FENCE else None
-        resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=first,
-                                                     count=count, flags=flags, master_key=key), self.ctx.read_timeout_s)
+        resp = await self._ask(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=first,
+                                                     count=count, flags=flags, master_key=key, packed=count > 1))
         if resp.status == Status.EUA:
             raise UnauthorizedError(f"{bookie}: wrong password for ledger {self.ledger_id}")
         if isinstance(resp, w.ErrorResponse):  # shed unread (ETOOMANYREQUESTS): no entries field
@@ -262,6 +264,18 @@ class ReadHandle:
                 return out, Status.EIO
             out.append(LedgerEntry(self.ledger_id, first + i, bytes(e.payload), e.ledger_length))
         return out, resp.status
+
+    async def _ask(self, bookie: str, req: w.ReadRequest) -> Any:
+        """``bookie``'s answer to ``req``. A bookie older than the optional keys of ranged
+        reads (a stripe, packed entries) refuses them with EBADREQ: it is asked again without
+        them, and then answers with every entry it holds, one frame each."""
+        t = self.ctx.transport
+        resp = await t.request(bookie, req, self.ctx.read_timeout_s)
+        if (req.packed or req.stripe is not None) and isinstance(resp, w.ErrorResponse) \
+                and resp.status == Status.EBADREQ:
+            resp = await t.request(bookie, dataclasses.replace(req, rid=t.next_rid(), stripe=None, packed=False),
+                                   self.ctx.read_timeout_s)
+        return resp
 
     def _readable_end(self) -> int:
         return self.md.last_entry_id if self.md.is_closed else self.lac
@@ -348,9 +362,14 @@ class ReadHandle:
                 yield e
 
     async def _read_chunk(self, first: int, count: int) -> list[LedgerEntry]:
-        """Entries first.. (at most ``count``) from the first bookie of the write set that
-        answers with any; [] when none does."""
-        for b in self._read_order(first):
+        """Entries first.. (at most ``count``) from the first bookie that answers with any,
+        [] when none does. Every bookie of the write set holds the chunk (WQ = E), so
+        consecutive chunks start at consecutive bookies of it, whatever the chunks' size;
+        bookies that failed lately are still asked last."""
+        ws = self.md.write_set(first)
+        turn = self._chunks_asked % len(ws)
+        self._chunks_asked += 1
+        for b in sorted(ws[turn:] + ws[:turn], key=self.ctx.transport.suspect):
             try:
                 batch, _ = await self._read_one(b, first, count)
             except BookieUnavailableError:
@@ -398,14 +417,9 @@ class ReadHandle:
         t = self.ctx.transport
         modulus, residue = stripe
         try:
-            resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
+            resp = await self._ask(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
                                                          first_entry_id=first, count=count, flags=ReadFlag.SPARSE,
-                                                         stripe=stripe), self.ctx.read_timeout_s)
-            if isinstance(resp, w.ErrorResponse) and resp.status == Status.EBADREQ:
-                # A bookie older than the stripe keys refuses them: it sends every entry it holds.
-                resp = await t.request(bookie, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id,
-                                                             first_entry_id=first, count=count, flags=ReadFlag.SPARSE),
-                                       self.ctx.read_timeout_s)
+                                                         stripe=stripe, packed=True))
         except BookieUnavailableError:
             return []
         if resp.status == Status.EUA:

@@ -37,7 +37,7 @@ def _text(s: str) -> bytes:
 
 _HeaderValue = int | bytes | str
 _KEYS = ("v", "op", "rid", "st", "l", "mk", "f", "e", "n", "pl", "to", "lac", "e0", "e1",
-         "fb", "tb", "bs", "nl", "nll", "sm", "sr")  # fmt: skip
+         "fb", "tb", "bs", "nl", "nll", "sm", "sr", "pk")  # fmt: skip
 _KEY_BYTES = {k: _text(k) for k in _KEYS}
 
 

@@ -265,7 +265,17 @@ def _dec_read_request(h: dict[str, Any], frames: Sequence[Blob]) -> ReadRequest:
         previous_lac=previous_lac,
         timeout_ms=timeout_ms,
         stripe=_stripe(h, flags) if "sm" in h or "sr" in h else None,
+        packed=_flag_key(h, "pk"),
     )
+
+
+def _flag_key(h: dict[str, Any], key: str) -> bool:
+    """An optional key that says yes by being present with the value 1."""
+    if key not in h:
+        return False
+    if type(h[key]) is not int or h[key] != 1:
+        raise _Invalid(f"{key} must be 1 when present, got {_show(h[key])}")
+    return True
 
 
 def _stripe(h: dict[str, Any], flags: ReadFlag) -> tuple[int, int]:
@@ -363,12 +373,17 @@ def _dec_multi_add_response(h: dict[str, Any], frames: Sequence[Blob]) -> MultiA
 
 
 def _dec_read_response(h: dict[str, Any], frames: Sequence[Blob]) -> ReadResponse:
-    _frames(frames, 0, limits.entries_per_read_request_max)
+    packed = "n" in h
+    if packed:
+        entries = _unpacked(h, frames, 1, limits.entries_per_read_request_max)
+    else:  # one frame per entry
+        _frames(frames, 0, limits.entries_per_read_request_max)
+        entries = tuple(frames[1:])
     first = _id(h["e"], "e")
-    if first + len(frames) - 2 > _I64_MAX:
+    if first + len(entries) - 1 > _I64_MAX:
         raise _Invalid("e + entries overflows int64")
     status = _status(h["st"])
-    if status is Status.EOK and len(frames) == 1:
+    if status is Status.EOK and not entries:
         raise _Invalid("EOK with no entries: a bookie returns at least the first entry it has")
     return ReadResponse(
         rid=h["rid"],
@@ -376,7 +391,8 @@ def _dec_read_response(h: dict[str, Any], frames: Sequence[Blob]) -> ReadRespons
         ledger_id=_id(h["l"], "l"),
         first_entry_id=first,
         lac=_lac(h["lac"], "lac"),
-        entries=tuple(frames[1:]),
+        entries=entries,
+        packed=packed,
     )
 
 
@@ -454,7 +470,7 @@ def _table(spec: dict[OpCode, tuple[_Decoder, str]]) -> dict[int, tuple[_Decoder
 _REQUESTS = _table({
     OpCode.ADD_ENTRY: (_dec_add_request, "v op rid l mk f n"),
     OpCode.MULTI_ADD: (_dec_multi_add_request, "v op rid n"),
-    OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to sm sr"),
+    OpCode.READ_ENTRY: (_dec_read_request, "v op rid l e n f mk pl to sm sr pk"),
     OpCode.READ_LAC: (_dec_read_lac_request, "v op rid l f mk pl to"),
     OpCode.WRITE_LAC: (_dec_write_lac_request, "v op rid l mk lac"),
     OpCode.FORCE_LEDGER: (_dec_force_ledger_request, "v op rid l"),
@@ -467,7 +483,7 @@ _RESPONSES = _table({
     OpCode.ERROR: (_dec_error_response, "v op rid st"),
     OpCode.ADD_ENTRY: (_dec_add_response, "v op rid st l e0 e1"),
     OpCode.MULTI_ADD: (_dec_multi_add_response, "v op rid st"),
-    OpCode.READ_ENTRY: (_dec_read_response, "v op rid st l e lac"),
+    OpCode.READ_ENTRY: (_dec_read_response, "v op rid st l e lac n"),
     OpCode.READ_LAC: (_dec_read_lac_response, "v op rid st l lac"),
     OpCode.WRITE_LAC: (_dec_write_lac_response, "v op rid st l"),
     OpCode.FORCE_LEDGER: (_dec_force_ledger_response, "v op rid st l"),

@@ -147,6 +147,8 @@ def _enc_read_request(m: ReadRequest) -> list[Blob]:
     _put_read_options(h, m.flags, m.master_key, m.previous_lac, m.timeout_ms)
     if m.stripe is not None:
         h["sm"], h["sr"] = m.stripe
+    if m.packed:
+        h["pk"] = 1
     return [_cbor_map(h)]
 
 
@@ -208,6 +210,9 @@ def _enc_read_response(m: ReadResponse) -> list[Blob]:
     h = _response_base(OpCode.READ_ENTRY, m.rid, m.status, m.ledger_id)
     h["e"] = m.first_entry_id
     h["lac"] = m.lac
+    if m.packed and m.entries:
+        h["n"] = len(m.entries)
+        return [_cbor_map(h), *_packed(m.entries)]
     return [_cbor_map(h), *m.entries]
 
 

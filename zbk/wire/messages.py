@@ -140,6 +140,8 @@ class ReadRequest:
     ``previous_lac`` and ``timeout_ms`` are sent only with ``LONG_POLL``. ``stripe``
     ``(modulus, residue)``, only with ``SPARSE``: just the entries whose id % modulus ==
     residue (with WQ < E, the client asks each bookie for one stripe, so no entry comes twice).
+    ``packed``: the sender takes the answer's entries packed (docs/protocol.md, "Packed
+    entries").
     """
 
     rid: int
@@ -151,6 +153,7 @@ class ReadRequest:
     previous_lac: int = -1
     timeout_ms: int = 0
     stripe: tuple[int, int] | None = None
+    packed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,7 +271,8 @@ class ReadResponse:
     is the status of the first entry *not* returned: EOK with fewer entries than asked means
     the bookie stopped at its response size bound (ask again for the rest); ENOENTRY,
     EUNKNOWN, ... describe entry ``first_entry_id + len(entries)``. ``lac`` is the bookie's
-    LAC for the ledger (-1 if none known).
+    LAC for the ledger (-1 if none known). ``packed`` (only with entries, to a request that
+    was ``packed``): the entries travel as a length table and one blob frame.
     """
 
     rid: int
@@ -277,6 +281,7 @@ class ReadResponse:
     first_entry_id: int
     lac: int
     entries: Sequence[Blob] = ()
+    packed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
