@@ -145,25 +145,37 @@ def test_read_entries_travel_packed_when_the_request_asks() -> None:
     assert len(none) == 1 and "n" not in header(none)
 
 
-@pytest.mark.parametrize("damage", ["n0", "n_over", "table_short", "sum_long", "extra_frame", "missing_frame"])
-def test_malformed_packed_read_answers_fail_their_request(damage: str) -> None:
-    frames = encode(ReadResponse(rid=RID, status=Status.EOK, ledger_id=2, first_entry_id=0, lac=1,
-                                 entries=(b"abc", b"defg"), packed=True))
+PACKING_DAMAGE = ["n0", "n_over", "n_not_int", "table_short", "sum_long", "sum_short", "extra_frame", "missing_frame"]
+
+
+def damaged(frames: list[Any], damage: str, at: int, n_max: int) -> list[Any]:
+    """``frames`` of a packed message (its length table is frame ``at``) with ``damage``."""
     h, rest = header(frames), list(frames[1:])
     if damage == "n0":
         h["n"] = 0
     elif damage == "n_over":
-        h["n"] = limits.entries_per_read_request_max + 1
+        h["n"] = n_max + 1
+    elif damage == "n_not_int":
+        h["n"] = "2"
     elif damage == "table_short":
-        rest[0] = rest[0][:-1]
+        rest[at - 1] = rest[at - 1][:-1]
     elif damage == "sum_long":
-        rest[1] = rest[1] + b"!"
+        rest[at] = rest[at] + b"!"
+    elif damage == "sum_short":
+        rest[at] = rest[at][:-1]
     elif damage == "extra_frame":
         rest.append(b"more")
     else:
         rest = rest[:-1]
+    return with_header(h, rest)
+
+
+@pytest.mark.parametrize("damage", PACKING_DAMAGE)
+def test_malformed_packed_read_answers_fail_their_request(damage: str) -> None:
+    frames = encode(ReadResponse(rid=RID, status=Status.EOK, ledger_id=2, first_entry_id=0, lac=1,
+                                 entries=(b"abc", b"defg"), packed=True))
     with pytest.raises(FrameError) as err:
-        decode_response(with_header(h, rest))
+        decode_response(damaged(frames, damage, 1, limits.entries_per_read_request_max))
     assert err.value.rid == RID
 
 
@@ -262,8 +274,7 @@ def test_a_malformed_part_table_is_refused_with_the_rid_and_the_part_named(damag
 
 
 @pytest.mark.parametrize("op", [OpCode.ADD_ENTRY, OpCode.MULTI_ADD])
-@pytest.mark.parametrize("damage", ["n0", "n_over", "n_not_int", "table_short", "sum_long", "sum_short",
-                                    "extra_frame", "missing_frame"])
+@pytest.mark.parametrize("damage", PACKING_DAMAGE)
 def test_malformed_packed_entries_are_refused_with_the_rid(op: OpCode, damage: str) -> None:
     blobs = (b"abc", b"defg")
     if op == OpCode.ADD_ENTRY:
@@ -273,26 +284,8 @@ def test_malformed_packed_entries_are_refused_with_the_rid(op: OpCode, damage: s
         frames = encode(MultiAddRequest(rid=RID, parts=(
             AddRequest(rid=0, ledger_id=2, master_key=MK, flags=AddFlag(0), entries=blobs),)))
         at = 2
-    h = header(frames)
-    rest = list(frames[1:])
-    if damage == "n0":
-        h["n"] = 0
-    elif damage == "n_over":
-        h["n"] = limits.entries_per_add_request_max + 1
-    elif damage == "n_not_int":
-        h["n"] = "2"
-    elif damage == "table_short":
-        rest[at - 1] = rest[at - 1][:-1]
-    elif damage == "sum_long":
-        rest[at] = rest[at] + b"!"
-    elif damage == "sum_short":
-        rest[at] = rest[at][:-1]
-    elif damage == "extra_frame":
-        rest.append(b"more")
-    else:
-        rest = rest[:-1]
     with pytest.raises(FrameError) as err:
-        decode_request(with_header(h, rest))
+        decode_request(damaged(frames, damage, at, limits.entries_per_add_request_max))
     assert err.value.rid == RID and err.value.status == Status.EBADREQ
 
 
