@@ -105,12 +105,9 @@ class IndexCore:
             self._lookup_one_by_one(msg)  # finds the damaged slot and what precedes it
             return
         if msg.sparse:
-            step, base = 1, first
-            if msg.stripe is not None:
-                modulus, residue = msg.stripe
-                skip = (residue - first) % modulus  # the offset of the stripe's first id in the range
-                found, step, base = found[skip::modulus], modulus, first + skip
-            entry_ids = [base + i * step for i, loc in enumerate(found) if loc is not None]
+            ids = _looked_up(msg)
+            found = found[ids.start - first::ids.step]
+            entry_ids = [eid for eid, loc in zip(ids, found, strict=True) if loc is not None]
             found = [loc for loc in found if loc is not None]
         elif None in found:
             found = found[:found.index(None)]
@@ -125,11 +122,7 @@ class IndexCore:
         locations: list[int] = []
         entry_ids: list[int] = []
         error = ""
-        first, end, step = msg.first_entry_id, msg.first_entry_id + msg.count, 1
-        if msg.stripe is not None:
-            step = msg.stripe[0]
-            first += (msg.stripe[1] - first) % step
-        for eid in range(first, end, step):
+        for eid in _looked_up(msg):
             try:
                 loc = get(lid, eid)
             except CorruptDataError as e:
@@ -249,3 +242,12 @@ class IndexCore:
             self.last_cp_at = now
         if now - self.last_cp_at >= self.flush_interval_s or self.cache.needs_flush:
             self.start_checkpoint(now)
+
+
+def _looked_up(msg: Lookup) -> range:
+    """The entry ids a lookup covers: its range, or only the ids of its stripe in the range."""
+    first, end = msg.first_entry_id, msg.first_entry_id + msg.count
+    if msg.stripe is None:
+        return range(first, end)
+    modulus, residue = msg.stripe
+    return range(first + (residue - first) % modulus, end, modulus)
