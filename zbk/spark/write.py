@@ -25,6 +25,7 @@ ledgers only once it committed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -38,6 +39,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from zbk import limits
 from zbk.client.sync import BookKeeper, SyncLedgerHandle
 from zbk.errors import BadRequestError, NoSuchLedgerError, OperationRefusedError, ZbkError
+from zbk.metadata.store import MetadataStore
 from zbk.metadata.uri import open_store
 from zbk.spark.catalog import delete_ledgers, is_settled, job_ledgers, mark_committed, mark_settled
 from zbk.spark.options import WriteOptions
@@ -88,11 +90,12 @@ def write_partition(opts: WriteOptions, job_id: str, batches: Iterable[pa.Record
             for batch in batches:
                 for payload in _payloads(batch, partition):
                     if lh is None:
-                        _refuse_if_settled(opts, job_id)
-                        lh = bk.create_ledger(opts.ensemble, opts.write_quorum, opts.ack_quorum,
-                                              password=opts.password, digest=opts.digest,
-                                              custom_metadata=opts.ledger_metadata(job_id, partition))
-                        _refuse_if_settled(opts, job_id)
+                        with contextlib.closing(open_store(opts.metadata)) as store:
+                            _refuse_if_settled(store, job_id)
+                            lh = bk.create_ledger(opts.ensemble, opts.write_quorum, opts.ack_quorum,
+                                                  password=opts.password, digest=opts.digest,
+                                                  custom_metadata=opts.ledger_metadata(job_id, partition))
+                            _refuse_if_settled(store, job_id)
                     in_flight.append(lh.append_async(payload))
                     entries += 1
                     size += len(payload)
@@ -121,13 +124,8 @@ def _payloads(batch: pa.RecordBatch, partition: int | None) -> list[bytes]:
     return values
 
 
-def _refuse_if_settled(opts: WriteOptions, job_id: str) -> None:
-    store = open_store(opts.metadata)
-    try:
-        settled = is_settled(store, job_id)
-    finally:
-        store.close()
-    if settled:
+def _refuse_if_settled(store: MetadataStore, job_id: str) -> None:
+    if is_settled(store, job_id):
         raise OperationRefusedError(f"Spark write job {job_id} was already committed or aborted by its driver; "
                                     "this task attempt keeps no ledger")
 
