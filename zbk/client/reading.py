@@ -237,11 +237,13 @@ class ReadHandle:
             abandon(tasks)
         raise _read_error(self.ledger_id, entry_id, errors)
 
-    def _read_order(self, entry_id: int) -> list[str]:
-        """The write set in order, bookies that recently failed to answer last."""
+    def _read_order(self, entry_id: int, turn: int = 0) -> list[str]:
+        """The write set in order, from its ``turn``-th bookie on (round the end), bookies
+        that recently failed to answer last."""
         ws = self.md.write_set(entry_id)
+        turn %= len(ws)
         suspect = self.ctx.transport.suspect
-        return sorted(ws, key=suspect)  # stable: keeps write-set order within each group
+        return sorted(ws[turn:] + ws[:turn], key=suspect)  # stable: keeps that order within each group
 
     async def _read_one(self, bookie: str, first: int, count: int,
                         flags: ReadFlag = NO_FLAGS) -> tuple[list[LedgerEntry], Status]:
@@ -366,10 +368,8 @@ class ReadHandle:
         [] when none does. Every bookie of the write set holds the chunk (WQ = E), so
         consecutive chunks start at consecutive bookies of it, whatever the chunks' size;
         bookies that failed lately are still asked last."""
-        ws = self.md.write_set(first)
-        turn = self._chunks_asked % len(ws)
-        self._chunks_asked += 1
-        for b in sorted(ws[turn:] + ws[:turn], key=self.ctx.transport.suspect):
+        turn, self._chunks_asked = self._chunks_asked, self._chunks_asked + 1
+        for b in self._read_order(first, turn):
             try:
                 batch, _ = await self._read_one(b, first, count)
             except BookieUnavailableError:
