@@ -130,6 +130,24 @@ def test_a_range_is_read_in_small_requests_several_in_flight(small_requests: int
         "each entry asked for once"
 
 
+def test_one_entry_ranges_ask_the_first_bookie_of_each_write_set() -> None:
+    """read(e, e) one entry after another spreads over the bookies as read_entry does: each
+    goes first to the first bookie of its entry's write set, however many ranges the handle
+    read before."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        lh = await written(c, n=12)
+        rh, _ = await reader(c, lh)
+        log = ReadLog(rh.ctx.transport)
+        for e in range(12):
+            assert [x.payload async for x in rh.read(e, e)] == [payload(e)]
+        assert log.reads == [(lh.md.write_set(e)[0], e, 1) for e in range(12)]
+
+    sim.run(scenario())
+
+
 def test_short_answers_are_asked_again_from_where_they_stopped(small_requests: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A bookie answers at most two entries a request (its response limit): each chunk's rest

@@ -29,26 +29,30 @@ E = TypeVar("E", bound=_Entry)  # a LedgerEntry (zbk.client.reading), which impo
 
 
 async def read_ahead(md: LedgerMetadata, first: int, last: int,
-                     read_chunk: Callable[[int, int], Awaitable[list[E]]],
+                     read_chunk: Callable[[int, int, int], Awaitable[list[E]]],
                      read_one: Callable[[int], Awaitable[E | None]]) -> AsyncGenerator[E, None]:
-    """Entries ``first..last`` in order. ``read_chunk(first, count)`` reads up to ``count``
-    entries from ``first`` ([] when no bookie has ``first``); ``read_one(entry_id)`` is the
-    per-entry path for an entry no chunk brought (None: the range ends there).
+    """Entries ``first..last`` in order. ``read_chunk(first, count, k)`` reads up to ``count``
+    entries from ``first`` ([] when no bookie has ``first``), ``k`` being the chunk's place in
+    the range (0 for the first; the rest of a chunk asked again keeps its place);
+    ``read_one(entry_id)`` is the per-entry path for an entry no chunk brought (None: the
+    range ends there).
 
     Up to ``limits.client_range_reads_in_flight`` chunks are asked for ahead, none across a
     fragment's end. A chunk answered short (the bookie's response limit, an entry it lacks)
     is asked for again from where the answer stopped, ahead of the chunks after it. Close the
     generator (``contextlib.aclosing``) to cancel the chunks still in flight."""
-    ahead: deque[tuple[int, int, asyncio.Task[list[E]]]] = deque()  # (first, count, read)
+    ahead: deque[tuple[int, int, int, asyncio.Task[list[E]]]] = deque()  # (first, count, k, read)
     nxt = planned = first  # the next entry to hand out; the first entry no chunk covers yet
+    chunks = 0  # asked for so far
     per_request = entries_per_request(limits.client_range_read_assumed_payload_bytes)
     try:
         while nxt <= last:
             while planned <= last and len(ahead) < limits.client_range_reads_in_flight:
                 count = min(min(last, md.fragment_end(md.fragment_index(planned))) - planned + 1, per_request)
-                ahead.append((planned, count, asyncio.ensure_future(read_chunk(planned, count))))
+                ahead.append((planned, count, chunks, asyncio.ensure_future(read_chunk(planned, count, chunks))))
                 planned += count
-            start, count, task = ahead.popleft()
+                chunks += 1
+            start, count, k, task = ahead.popleft()
             batch = await task
             if batch:
                 per_request = entries_per_request(sum(len(e.payload) for e in batch) // len(batch))
@@ -62,9 +66,9 @@ async def read_ahead(md: LedgerMetadata, first: int, last: int,
             nxt += len(batch)
             if nxt < start + count:  # the rest of this chunk, before the chunks after it
                 rest = start + count - nxt
-                ahead.appendleft((nxt, rest, asyncio.ensure_future(read_chunk(nxt, rest))))
+                ahead.appendleft((nxt, rest, k, asyncio.ensure_future(read_chunk(nxt, rest, k))))
     finally:
-        for _, _, task in ahead:
+        for _, _, _, task in ahead:
             if task.done():
                 if not task.cancelled():
                     task.exception()  # read ahead, never needed: its error is not this read's

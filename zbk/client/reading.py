@@ -14,7 +14,7 @@ import functools
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ class ReadHandle:
 
     # Slots, not a __dict__: a client may hold 10,000 open handles, and a write touches its
     # handle's fields several times per entry.
-    __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac", "_chunks_asked")
+    __slots__ = ("ctx", "md", "version", "ledger_id", "password", "digest", "master_key", "lac")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes) -> None:
         """A handle on a ledger; `AsyncBookKeeper` makes handles, applications do not.
@@ -108,7 +108,6 @@ class ReadHandle:
         self.digest: Digest = ctx.digest_for(md.digest, password)
         self.master_key = ctx.master_key_for(password)
         self.lac = md.last_entry_id if md.is_closed else -1
-        self._chunks_asked = 0  # where WQ = E, chunk k goes first to the k-th bookie of its write set
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -355,20 +354,25 @@ class ReadHandle:
         """Entries ``first..last``. With ``confirmed``, an entry past it that every replica
         lacks ends the range instead of raising NoSuchEntryError (read_unconfirmed)."""
         md = self.md
-        # With WQ < E a bookie holds only its stripes: each chunk is read as stripes, one per bookie.
-        chunk = self._read_chunk if md.write_quorum == md.ensemble_size else self._read_striped
+
+        def chunk(f: int, n: int, k: int) -> Awaitable[list[LedgerEntry]]:
+            if md.write_quorum == md.ensemble_size:
+                # Chunk k asks the (first + k)-th bookie of the ensemble first: a one-entry read
+                # the first of the entry's write set, consecutive chunks consecutive bookies.
+                return self._read_chunk(f, n, first + k - f)
+            # With WQ < E a bookie holds only its stripes: each chunk is read as stripes, one per bookie.
+            return self._read_striped(f, n)
+
         # Closed with the caller: its reads ahead are cancelled when the caller stops.
         ahead = read_ahead(md, first, last, chunk, lambda eid: self._read_or_end(eid, confirmed))
         async with contextlib.aclosing(ahead) as entries:
             async for e in entries:
                 yield e
 
-    async def _read_chunk(self, first: int, count: int) -> list[LedgerEntry]:
+    async def _read_chunk(self, first: int, count: int, turn: int) -> list[LedgerEntry]:
         """Entries first.. (at most ``count``) from the first bookie that answers with any,
-        [] when none does. Every bookie of the write set holds the chunk (WQ = E), so
-        consecutive chunks start at consecutive bookies of it, whatever the chunks' size;
-        bookies that failed lately are still asked last."""
-        turn, self._chunks_asked = self._chunks_asked, self._chunks_asked + 1
+        [] when none does. Every bookie of the write set holds the chunk (WQ = E): it is asked
+        of them from the ``turn``-th on, bookies that failed lately last."""
         for b in self._read_order(first, turn):
             try:
                 batch, _ = await self._read_one(b, first, count)
