@@ -1,5 +1,6 @@
 """The Replicator against the embedded store and an in-memory transport: which entries a
-replacement gets, digest checks, back-off and lock release on failure, racing writers."""
+replacement gets, digest checks, back-off and lock release on failure, racing writers; the
+copier's ranged reads and what it reads on its own."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from zbk.metadata.registry import BookieRegistration, LedgerStore, register_book
 from zbk.metadata.store import MetadataStore
 from zbk.metadata.uri import open_store
 from zbk.recovery import replicator as rep
+from zbk.recovery.copier import unreadable
 from zbk.recovery.underreplication import UnderReplicationRegistry
 from zbk.wire import messages as w
 from zbk.wire.entry import build_entry, parse_entry
-from zbk.wire.ops import AddFlag
+from zbk.wire.ops import AddFlag, ReadFlag
 from zbk.wire.status import Status
 
 PW = b"secret"
@@ -45,12 +47,15 @@ def test_positions_held() -> None:
 
 
 class MemTransport:
-    """Bookies as dicts of blobs; ``down`` bookies (and DEAD) never answer."""
+    """Bookies as dicts of blobs, answering reads of one entry, of a range, and of a stripe;
+    ``down`` bookies (and DEAD) never answer."""
 
     def __init__(self) -> None:
         self.held: dict[str, dict[tuple[int, int], bytes]] = {b: {} for b in LIVE}
         self.down: set[str] = set()
+        self.answer_max = 1 << 30  # entries in one read answer (a bookie's response limit)
         self.requests = 0
+        self.reads: list[tuple[str, int, int, tuple[int, int] | None]] = []  # (bookie, first, count, stripe)
         self._rid = 0
 
     def next_rid(self) -> int:
@@ -66,9 +71,20 @@ class MemTransport:
             raise BookieUnavailableError(f"{bookie} is down")
         store = self.held[bookie]
         if isinstance(msg, w.ReadRequest):
-            blob = store.get((msg.ledger_id, msg.first_entry_id))
-            return w.ReadResponse(rid=msg.rid, status=Status.EOK if blob else Status.ENOENTRY, ledger_id=msg.ledger_id,
-                                  first_entry_id=msg.first_entry_id, lac=-1, entries=(blob,) if blob else ())
+            self.reads.append((bookie, msg.first_entry_id, msg.count, msg.stripe))
+            blobs = []
+            for e in range(msg.first_entry_id, msg.first_entry_id + msg.count):
+                if msg.stripe is not None and e % msg.stripe[0] != msg.stripe[1]:
+                    continue
+                blob = store.get((msg.ledger_id, e))
+                if blob is None and not msg.flags & ReadFlag.SPARSE:
+                    break  # a plain range stops at the first entry missing
+                if blob is not None:
+                    blobs.append(blob)
+            del blobs[self.answer_max:]
+            return w.ReadResponse(rid=msg.rid, status=Status.EOK if blobs else Status.ENOENTRY,
+                                  ledger_id=msg.ledger_id, first_entry_id=msg.first_entry_id, lac=-1,
+                                  entries=tuple(blobs))
         assert isinstance(msg, w.AddRequest) and msg.flags == AddFlag.RECOVERY_ADD
         for raw in msg.entries:
             blob = bytes(raw)
@@ -236,3 +252,85 @@ def test_marks_of_bookies_registered_again_are_cleared_in_one_pass_without_locks
     assert left == [changed], "the changed mark stays; the others are cleared or repaired"
     assert locks == [env.md.ledger_id], "a lock only for the ledger that lost a bookie"
     assert DEAD not in LedgerStore(env.store).read(env.md.ledger_id)[0].all_bookies()
+
+
+# --- the copier's reads ------------------------------------------------------------------------
+
+
+def test_a_copy_reads_each_source_in_one_ranged_request_per_stripe(env: Env) -> None:
+    """The dead bookie (position 1 of 3, WQ 2) held the ids with remainder 0 and 1: those of
+    remainder 0 come from position 0, those of 1 from position 2, one request each."""
+    assert asyncio.run(env.replicator.run_once())
+    ensemble = env.md.fragments[0][1]
+    assert sorted(env.t.reads) == [(ensemble[0], 0, 19, (3, 0)), (ensemble[2], 1, 19, (3, 1))], env.t.reads
+
+
+def wq3_ledger(env: Env, n: int = ENTRIES) -> LedgerMetadata:
+    """A closed E3 WQ3 ledger on LIVE[0..2], every entry on every bookie."""
+    md = LedgerMetadata(ledger_id=7, ensemble_size=3, write_quorum=3, ack_quorum=2, password=PW,
+                        fragments=((0, tuple(LIVE[:3])),)).closed(n - 1, n)
+    dg = make_digest(md.digest, PW)
+    for e in range(n):
+        for b in LIVE[:3]:
+            env.t.held[b][(md.ledger_id, e)] = build_entry(md.ledger_id, e, e - 1, bytes([e]), dg, ledger_length=e + 1)
+    return md
+
+
+def copy_to(env: Env, md: LedgerMetadata, target: str, entries: list[int]) -> None:
+    asyncio.run(env.replicator.copier.copy(md, entries, target, avoid=set()))
+    want = {e: env.t.held[LIVE[1]][(md.ledger_id, e)] for e in entries}
+    assert {e: blob for (lid, e), blob in env.t.held[target].items() if lid == md.ledger_id} == want
+
+
+def test_a_bad_copy_in_a_ranged_answer_is_read_from_another_replica(env: Env) -> None:
+    md = wq3_ledger(env)
+    source = md.write_set(5)[0]
+    blob = bytearray(env.t.held[source][(md.ledger_id, 5)])
+    blob[-1] ^= 0xFF
+    env.t.held[source][(md.ledger_id, 5)] = bytes(blob)
+    copy_to(env, md, LIVE[3], list(range(ENTRIES)))
+    alone = [(b, first) for b, first, _, stripe in env.t.reads if stripe is None]
+    assert {first for _, first in alone} == {5}, "only the bad copy is read on its own"
+    assert any(b != source for b, _ in alone), env.t.reads
+
+
+def test_a_source_that_does_not_answer_leaves_its_entries_to_the_other_replicas(env: Env) -> None:
+    md = wq3_ledger(env)
+    env.t.down = {LIVE[0]}
+    copy_to(env, md, LIVE[3], list(range(ENTRIES)))
+
+
+def test_a_short_answer_is_asked_again_from_where_it_stopped(env: Env) -> None:
+    """A bookie's response limit cuts each answer to 3 entries: the stripe is asked again from
+    the entry after the last one answered, never entry by entry."""
+    md = wq3_ledger(env, n=60)
+    env.t.answer_max = 3
+    copy_to(env, md, LIVE[3], list(range(60)))
+    assert all(stripe is not None for _, _, _, stripe in env.t.reads), "no read of one entry"
+    assert len(env.t.reads) == 3 * 7, "each stripe of 20 asked for 3 at a time"
+
+
+def test_unreadable_names_what_a_bookie_cannot_return(env: Env) -> None:
+    md = wq3_ledger(env)
+    bookie = LIVE[1]
+    del env.t.held[bookie][(md.ledger_id, 4)]
+    blob = bytearray(env.t.held[bookie][(md.ledger_id, 9)])
+    blob[-1] ^= 0xFF
+    env.t.held[bookie][(md.ledger_id, 9)] = bytes(blob)
+    dg = make_digest(md.digest, PW)
+    bad = asyncio.run(unreadable(env.ctx, bookie, md, list(range(ENTRIES)), dg))
+    assert [e for e, _ in bad] == [4, 9], bad
+    assert "ENOENTRY" in bad[0][1] and "bad copy" in bad[1][1], bad
+    env.t.down = {bookie}
+    with pytest.raises(BookieUnavailableError):
+        asyncio.run(unreadable(env.ctx, bookie, md, list(range(ENTRIES)), dg))
+
+
+def test_scattered_entries_are_not_read_with_the_entries_between_them(env: Env) -> None:
+    """The periodic check's probes, a repair's missing entries: a ranged request covers only
+    ids wanted, a run along one stripe at a time."""
+    md = wq3_ledger(env, n=60)
+    dg = make_digest(md.digest, PW)
+    assert asyncio.run(unreadable(env.ctx, LIVE[1], md, [0, 3, 6, 7, 10, 30, 59], dg)) == []
+    assert sorted((first, count) for _, first, count, _ in env.t.reads) == \
+        [(0, 7), (7, 4), (30, 1), (59, 1)], env.t.reads
