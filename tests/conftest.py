@@ -12,6 +12,7 @@ Every process these start is stopped by PID in teardown, even when the test fail
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,16 @@ from helpers.etcd import ETCD_BIN, EtcdCluster
 # turn a green run into an INTERNALERROR.
 
 EtcdClusterFactory = Callable[..., EtcdCluster]
+
+
+@pytest.fixture(autouse=True)
+def _close_simulated_storage() -> Iterator[None]:
+    """After each test, the files of the simulated bookies it left up are closed
+    (tests/helpers/actorsim.py)."""
+    yield
+    actorsim = sys.modules.get("helpers.actorsim")
+    if actorsim is not None:
+        actorsim.close_left_open()
 
 
 def _require_etcd() -> None:

@@ -91,3 +91,4 @@ def test_index_turns_pressure_on_at_twice_the_bound_and_off_after_a_checkpoint(t
     core.on_message(Checkpoint(core.cp_in_flight or 0, ((0, 0),)), 1.0)
     assert [p.on for p in out.take(dest="server", kind=IndexPressure)] == [False]
     assert cache.dirty_bytes == 0 and core.pressure is False
+    cache.close()  # its hundreds of index files: the suite runs in one process
