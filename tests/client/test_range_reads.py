@@ -36,20 +36,31 @@ def payload(i: int) -> bytes:
 
 class ReadLog:
     """The ranged reads a client sends: (bookie, first, count), the striped ones (bookie,
-    first, count, stripe), (bookie, packed) of each, the entries answered to them, and the
-    most in flight at once. Bookies in ``old`` answer a read with a stripe or asking for
-    packed entries as a bookie that predates those keys does (EBADREQ)."""
+    first, count, stripe), (bookie, packed) of each and of each long poll, the entries
+    answered to them, and the most in flight at once. Bookies in ``old`` answer a read or a
+    long poll with a stripe or asking for packed entries as a bookie that predates those
+    keys does (EBADREQ)."""
 
     def __init__(self, transport: Any, old: frozenset[str] = frozenset()) -> None:
         self.reads: list[tuple[str, int, int]] = []
         self.stripes: list[tuple[str, int, int, tuple[int, int] | None]] = []
         self.packed: list[tuple[str, bool]] = []
+        self.polls: list[tuple[str, bool]] = []  # (bookie, packed) of each long poll
+        self.polls_answered_with_several = 0
         self.old = old
         self.answered = self.cancelled = 0
         self.in_flight = self.most = 0
         inner = transport.request
 
         async def request(bookie: str, msg: Any, timeout_s: float) -> Any:
+            if isinstance(msg, w.ReadRequest) and msg.flags & ReadFlag.LONG_POLL:
+                self.polls.append((bookie, msg.packed))
+                if msg.packed and bookie in old:
+                    return w.ErrorResponse(rid=msg.rid, status=Status.EBADREQ)
+                resp = await inner(bookie, msg, timeout_s)
+                if len(getattr(resp, "entries", ())) > 1:
+                    self.polls_answered_with_several += 1
+                return resp
             if not isinstance(msg, w.ReadRequest) or msg.flags & ~ReadFlag.SPARSE:
                 return await inner(bookie, msg, timeout_s)
             self.packed.append((bookie, msg.packed))
@@ -283,3 +294,40 @@ def test_answers_come_packed_and_a_bookie_that_predates_them_is_asked_again(smal
     asked = log.packed
     assert any(packed for b, packed in asked if b != old), "the others are asked for packed answers"
     assert (old, True) in asked and (old, False) in asked, "the old one: refused, then asked without"
+
+
+def test_a_tail_polls_for_packed_answers_and_a_bookie_that_predates_them_without() -> None:
+    """The writer's entries come in bursts, so a long poll's answer often carries several;
+    a bookie that refuses packed answers is polled again without, and the tail goes on."""
+    seed = sim.seed_from_env()
+
+    async def scenario() -> None:
+        c = SimCluster(seed, bookies=3)
+        lh, log, _ = await writer(c, 0, 3, 3, 2)
+        rh, _ = await reader(c, lh)
+        old = lh.md.fragments[0][1][0]
+        polls = ReadLog(rh.ctx.transport, frozenset({old}))
+        seen: list[int] = []
+
+        async def follow() -> None:
+            async for e in rh.tail(0, poll_timeout_ms=1000):
+                assert e.payload == payload(e.entry_id)
+                seen.append(e.entry_id)
+                if e.entry_id == N - 1:
+                    return
+
+        task = asyncio.create_task(follow())
+        for i in range(N):
+            log.append(lh, payload(i))
+            if i % 10 == 9:
+                await asyncio.sleep(0.05)
+        await asyncio.gather(*log.futures)
+        await lh.close()  # the last entry's LAC reaches the reader with the close
+        await asyncio.wait_for(task, 60)
+        assert seen == list(range(N))
+        assert (old, True) in polls.polls and (old, False) in polls.polls, polls.polls
+        assert [p for b, p in polls.polls if b == old].count(True) == 1, "refused once, then polled without"
+        assert all(packed for b, packed in polls.polls if b != old), polls.polls
+        assert polls.polls_answered_with_several > 0
+
+    sim.run(scenario())

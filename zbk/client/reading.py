@@ -489,6 +489,7 @@ class ReadHandle:
         answers: deque[tuple[str, int, Any]] = deque()
         tokens = itertools.count()
         answer_came = asyncio.Event()
+        unpacked: set[str] = set()  # bookies older than packed answers (they refused them): polled without
 
         def answered(bookie: str, token: int, result: Any) -> None:
             answers.append((bookie, token, result))
@@ -521,7 +522,8 @@ class ReadHandle:
                     polls[b] = (token, polled)
                     t.send(b, w.ReadRequest(rid=t.next_rid(), ledger_id=self.ledger_id, first_entry_id=polled + 1,
                                             count=limits.entries_per_read_request_max, flags=ReadFlag.LONG_POLL,
-                                            previous_lac=polled, timeout_ms=poll_timeout_ms),
+                                            previous_lac=polled, timeout_ms=poll_timeout_ms,
+                                            packed=b not in unpacked),
                            poll_timeout_ms / 1000 + self.ctx.read_timeout_s, functools.partial(answered, b, token))
             if not answers:
                 answer_came.clear()
@@ -536,6 +538,9 @@ class ReadHandle:
                     if not isinstance(resp, BookieUnavailableError):
                         raise resp
                     failed = b
+                    continue
+                if resp.status == Status.EBADREQ and b not in unpacked:
+                    unpacked.add(b)  # polled again at once, as the bookie understands
                     continue
                 lac = getattr(resp, "lac", -1)  # an ErrorResponse (shed request) carries none
                 if lac > self.lac:
