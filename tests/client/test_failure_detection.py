@@ -220,6 +220,9 @@ def test_a_request_still_waits_for_a_bookie_that_comes_back() -> None:
             _, err = await asyncio.wait_for(in_flight, NO_ANSWER_S)
             assert isinstance(err, BookieUnavailableError)
             assert t.peers[bookie].lost
+            # Gone, its port with it: a dying process can still hold its listening socket
+            # after its connection dropped, and the successor would find the port taken.
+            await asyncio.to_thread(first.wait, 10)
             await asyncio.to_thread(_bind, successor, port)
             resp = await t.request(bookie, _info(t), NO_ANSWER_S)
             assert resp.status == Status.EOK
