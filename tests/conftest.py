@@ -12,10 +12,10 @@ Every process these start is stopped by PID in teardown, even when the test fail
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # Tests fork children (bookies, etcd members) while gRPC threads serve etcd clients: gRPC's
 # fork handlers must stay off (the reason is in zbk/metadata/etcd.py, which sets the same).
@@ -34,13 +34,28 @@ EtcdClusterFactory = Callable[..., EtcdCluster]
 
 
 @pytest.fixture(autouse=True)
-def _close_simulated_storage() -> Iterator[None]:
-    """After each test, the files of the simulated bookies it left up are closed
-    (tests/helpers/actorsim.py)."""
+def _close_storage_files(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After each test, the journals, entry logs and index caches it opened in this process
+    and left open are closed, so that the suite's one process does not gather the
+    descriptors of every test (simulated bookies, unit tests that drop a writer as a crash
+    would). A close that fails is ignored: the test is over and its checks have spoken."""
+    from zbk.storage.entrylog import EntryLogWriter
+    from zbk.storage.journal import JournalWriter
+    from zbk.storage.ledgercache import LedgerCache
+
+    opened: list[Any] = []
+    for cls in (JournalWriter, EntryLogWriter, LedgerCache):
+        def tracked(self: Any, *args: Any, _init: Callable[..., None] = cls.__init__, **kwargs: Any) -> None:
+            _init(self, *args, **kwargs)
+            opened.append(self)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
     yield
-    actorsim = sys.modules.get("helpers.actorsim")
-    if actorsim is not None:
-        actorsim.close_left_open()
+    while opened:
+        try:
+            opened.pop().close()
+        except Exception:  # noqa: BLE001, S110 - a dead simulated disk may refuse what close writes
+            pass
 
 
 def _require_etcd() -> None:

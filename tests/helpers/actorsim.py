@@ -368,34 +368,16 @@ def open_storage(root: Path, settings: BookieSettings, disk: SimDisk, clock: Clo
     journals = [JournalWriter(d, settings.journal_segment_bytes, disk=disk,
                               preallocate_bytes=settings.journal_preallocate_bytes) for d in jdirs]
     checkpoint_after_replay(journals, xdir, logs, cache, disk)
-    storage = Storage(logs, cache, journals, unclean, n)
-    _left_open.append(storage)
-    return storage
-
-
-_left_open: list[Storage] = []  # storage opened and not closed yet: a test's last bookie usually stays up
+    return Storage(logs, cache, journals, unclean, n)
 
 
 def close_storage(st: Storage) -> None:
     """Close ``st``'s files as a process's death does; what close could not write is lost."""
-    if st in _left_open:
-        _left_open.remove(st)
     for close in (st.logs.close, *(j.close for j in st.journals), st.cache.close):
         try:
             close()
         except OSError:
             pass  # the dead disk refused what close tried to write: nothing landed
-
-
-def close_left_open() -> None:
-    """Close the storage every test left open (tests/conftest.py, after each test), so that
-    the suite's one process does not gather the descriptors of every simulated bookie."""
-    while _left_open:
-        st = _left_open.pop()
-        try:
-            close_storage(st)
-        except Exception:  # noqa: BLE001 - the test is over; its own checks have spoken
-            pass
 
 
 def phase_one(cache: LedgerCache, store: MetadataStore, bookie_id: str, *, fence: bool = True,
