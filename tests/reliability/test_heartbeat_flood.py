@@ -19,6 +19,7 @@ import signal
 import time
 
 import zmq
+from helpers.procs import tail
 from helpers.wait import wait_until
 
 from zbk.wire import messages as w
@@ -62,4 +63,5 @@ def test_a_heartbeating_client_that_floods_a_stopped_bookie_and_hangs_up_does_no
     wait_until(served, timeout_s=30, interval_s=0.5, message="the bookie serving after the flood")
     time.sleep(1.0)
     assert bk.proc.poll() is None, f"the bookie exited with {bk.proc.returncode}"
-    assert bk.stop() == 0
+    code = bk.stop()
+    assert code == 0, f"the bookie did not stop cleanly (exit {code}):\n{tail(bk.log)}"
