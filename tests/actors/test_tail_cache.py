@@ -132,6 +132,29 @@ def test_an_entry_whose_append_failed_is_not_answered_from_memory() -> None:
     assert [(lk.first_entry_id, lk.count) for lk in b.lookups()] == [(1, 1)]
 
 
+def test_the_cache_holds_copies_not_views_into_the_request_frames() -> None:
+    """The add path hands the entry logger views into the request's frame; an entry kept
+    here outlives the request, and as a view it would keep the whole frame (up to an add
+    request's size) alive while the cache's byte bound counted only the entry."""
+    b = Bookie()
+    b.add(0, -1)
+    b.poll(0)  # watched from now on
+    b.rid += 1
+    entries = [blob(eid, 0) for eid in (1, 2, 3)]
+    add = w.AddRequest(rid=b.rid, ledger_id=LID, master_key=KEY, flags=AddFlag(0), entries=entries)
+    b.core.on_request(b"writer", encode(add), 0.0)
+    b.rid += 1
+    multi = w.MultiAddRequest(rid=b.rid, parts=[w.add_part(LID, KEY, AddFlag(0), [blob(4, 0)])])
+    b.core.on_request(b"writer", encode(multi), 0.0)
+    for ab in b.out.take("entrylogger", AppendBatch):
+        assert any(type(x) is memoryview for x in ab.blobs)  # what makes the copies necessary
+        b.core.on_message(Appended(ab.batch_id, ab.ledger_ids, ab.entry_ids, [0] * len(ab.entry_ids)), 0.0)
+        b.core.on_message(Synced([ab.batch_id]), 0.0)
+    held = b.core.tail.take(LID, 1, 4, 1 << 20)
+    assert held == [*entries, blob(4, 0)]
+    assert all(type(x) is bytes for x in held)
+
+
 def test_a_ledger_no_longer_polled_is_forgotten_and_a_deleted_one_at_once() -> None:
     b = Bookie()
     b.add(0, -1)

@@ -57,6 +57,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from zbk.wire.messages import Blob
+
 
 @dataclass(slots=True)
 class AppendBatch:
@@ -67,7 +69,7 @@ class AppendBatch:
     batch_id: int
     ledger_ids: list[int]
     entry_ids: list[int]
-    blobs: list[bytes]
+    blobs: list[Blob]  # views into the request's frames: copied once, into the entry log and each journal
     journal: bool  # False with journal_write_data = false (BP-46)
 
 
@@ -86,7 +88,7 @@ class JournalAppend:
     batch_id: int
     ledger_ids: list[int]  # as in the AppendBatch
     entry_ids: list[int]
-    blobs: list[bytes]
+    blobs: list[Blob]
 
 
 @dataclass(slots=True)

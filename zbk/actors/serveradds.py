@@ -48,7 +48,7 @@ class ServerAdds(ServerReads):
         accepted: list[tuple[int, int, int | list[int], int]] = []
         lids: list[int] = []
         eids: list[int] = []
-        blobs: list[bytes] = []
+        blobs: list[w.Blob] = []
         meta: list[tuple[int, int, int, bytes]] = []
         need_sync = False
         nbytes = 0
@@ -93,7 +93,7 @@ class ServerAdds(ServerReads):
                         accepted.append((i, lid, eid, checked[3]))
                         lids.append(lid)
                         eids.append(eid)
-                        blobs.append(bytes(blob))
+                        blobs.append(blob)
                         continue
             if part is None:
                 part = parts[i]
@@ -109,11 +109,11 @@ class ServerAdds(ServerReads):
             if one:
                 lids.append(lid)
                 eids.append(entry_ids[0])
-                blobs.append(bytes(blob))
+                blobs.append(blob)
             else:
                 lids.extend([lid] * len(entry_ids))
                 eids.extend(entry_ids)
-                blobs.extend([bytes(b) for b in part.entries])
+                blobs.extend(part.entries)
         if not accepted:
             self._reply_multi(ident, req.rid, statuses)
             return
@@ -127,7 +127,8 @@ class ServerAdds(ServerReads):
                                           syncs=syncs, parts=accepted, statuses=statuses)
         tail = self.tail
         if tail:
-            p.tail = [row for row in zip(lids, eids, blobs, strict=True) if row[0] in tail] or None
+            p.tail = [(lid, eid, bytes(blob)) for lid, eid, blob in zip(lids, eids, blobs, strict=True)
+                      if lid in tail] or None
         unappended = self.unappended
         self._raise_lacs(p, now, behind=unappended)
         for lid in set(lids):
@@ -186,11 +187,11 @@ class ServerAdds(ServerReads):
             need_sync = True
         nbytes = _blob_bytes(req)
         self.add_bytes += nbytes
-        blobs = [bytes(b) for b in req.entries]
+        blobs = list(req.entries)
         p = self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
                                           syncs=syncs)
         if lid in self.tail:
-            p.tail = [(lid, eid, blob) for eid, blob in zip(entry_ids, blobs, strict=True)]
+            p.tail = [(lid, eid, bytes(blob)) for eid, blob in zip(entry_ids, blobs, strict=True)]
         self._raise_lacs(p, now, behind=self.unappended)
         self.unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids, blobs,

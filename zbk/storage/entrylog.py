@@ -221,7 +221,7 @@ class EntryLogWriter(EntryLogReads):
 
     # --- appending ---------------------------------------------------------------------
 
-    def append(self, ledger_id: int, entry_id: int, blob: bytes) -> int:
+    def append(self, ledger_id: int, entry_id: int, blob: bytes | bytearray | memoryview) -> int:
         """Buffer one entry; returns its location. Durable only after :meth:`flush`."""
         if self._failed is not None:
             raise BookieIOError(f"entry logger failed earlier: {self._failed}")
@@ -248,7 +248,8 @@ class EntryLogWriter(EntryLogReads):
             self._write_out(lg)
         return (lg.log_id << OFFSET_BITS) | pos
 
-    def append_batch(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], blobs: Sequence[bytes]) -> list[int]:
+    def append_batch(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                     blobs: Sequence[bytes | bytearray | memoryview]) -> list[int]:
         """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order,
         returning their locations: the same bytes, locations and rotations, with the loop's
         per-entry work in one place (the add path's largest per-entry cost in a bookie

@@ -186,7 +186,8 @@ class JournalWriter:
         buf += payload
         return len(buf) - BATCH_RECORD_BYTES
 
-    def append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], blobs: Sequence[bytes]) -> int:
+    def append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                    blobs: Sequence[bytes | bytearray | memoryview]) -> int:
         """:meth:`append` of one ADD record per (ledger id, entry id, blob), in order: an add
         batch's records (of one ledger, or of several for a MULTI_ADD) in one call instead
         of one per entry, with the same bytes as ``append(RecordType.ADD, lid, eid, blob)``

@@ -177,13 +177,17 @@ def _read_options(h: dict[str, Any]) -> tuple[ReadFlag, bytes | None, int, int]:
     return flags, master_key, _lac(h["pl"], "pl"), timeout_ms
 
 
-def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int) -> tuple[Blob, ...]:
+def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int, *, views: bool = False) -> tuple[Blob, ...]:
     """The entry blobs of a packed message whose length table is frame ``at`` (and its blobs
-    frame ``at + 1``, the last): exactly ``n`` blobs that fill the blob frame."""
+    frame ``at + 1``, the last): exactly ``n`` blobs that fill the blob frame. With ``views``
+    they are views into that frame rather than copies (slices of a memoryview frame are views
+    either way)."""
     n = _count(h["n"], "n", high)
     if len(frames) != at + 2:
         raise _Invalid(f"packed entries take 2 frames after frame {at - 1}, got {len(frames) - at}")
     table, data = frames[at], frames[at + 1]
+    if views:
+        data = memoryview(data)
     if len(table) != 4 * n:
         raise _Invalid(f"length table of {len(table)} bytes for n = {n} entries")
     lengths = struct.unpack(f">{n}I", table)
@@ -203,9 +207,11 @@ def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int) -> 
 # KeyError, which decode_request() reports as a missing field.
 
 
+# An add's entries are views into its frame: a bookie copies each entry once into the entry
+# log's buffer and once into each journal's, so a copy per entry here would be a third.
 def _dec_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> AddRequest:
     if "n" in h:
-        entries = _unpacked(h, frames, 1, limits.entries_per_add_request_max)
+        entries = _unpacked(h, frames, 1, limits.entries_per_add_request_max, views=True)
     else:  # one frame per entry
         _frames(frames, 1, limits.entries_per_add_request_max)
         entries = tuple(frames[1:])
@@ -226,7 +232,7 @@ def _dec_multi_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> MultiAd
     if "n" in h:
         if len(frames) < 2:
             raise _Invalid("no part table")
-        entries = _unpacked(h, frames, 2, limits.entries_per_add_request_max)
+        entries = _unpacked(h, frames, 2, limits.entries_per_add_request_max, views=True)
     else:
         _frames(frames, 2, limits.entries_per_add_request_max + 1)
         entries = tuple(frames[2:])
