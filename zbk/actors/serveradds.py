@@ -127,8 +127,7 @@ class ServerAdds(ServerReads):
                                           syncs=syncs, parts=accepted, statuses=statuses)
         tail = self.tail
         if tail:
-            p.tail = [(lid, eid, bytes(blob)) for lid, eid, blob in zip(lids, eids, blobs, strict=True)
-                      if lid in tail] or None
+            p.tail = [row for row in zip(lids, eids, blobs, strict=True) if row[0] in tail] or None
         unappended = self.unappended
         self._raise_lacs(p, now, behind=unappended)
         for lid in set(lids):
@@ -191,7 +190,7 @@ class ServerAdds(ServerReads):
         p = self.adds[batch] = PendingAdd(ident, req.rid, lid, entry_ids, max_lac, now, need_sync, nbytes,
                                           syncs=syncs)
         if lid in self.tail:
-            p.tail = [(lid, eid, bytes(blob)) for eid, blob in zip(entry_ids, blobs, strict=True)]
+            p.tail = [(lid, eid, blob) for eid, blob in zip(entry_ids, blobs, strict=True)]
         self._raise_lacs(p, now, behind=self.unappended)
         self.unappended.setdefault(lid, {})[batch] = None
         self.outbox.send("entrylogger", AppendBatch(batch, [lid] * len(entry_ids), entry_ids, blobs,

@@ -85,7 +85,7 @@ class PendingAdd:
     statuses: bytearray | None = None
     # The entries of long-polled ledgers, (ledger id, entry id, blob), for the tail cache
     # once they are appended; None when no ledger of the add is polled.
-    tail: list[tuple[int, int, bytes]] | None = None
+    tail: list[tuple[int, int, w.Blob]] | None = None
 
 
 @dataclass(slots=True)

@@ -57,8 +57,10 @@ class TailCache:
         elif until > t.until:
             t.until = until
 
-    def put(self, ledger_id: int, entry_id: int, blob: bytes) -> None:
-        """An appended entry of a watched ledger (others are ignored)."""
+    def put(self, ledger_id: int, entry_id: int, blob: bytes | bytearray | memoryview) -> None:
+        """An appended entry of a watched ledger (others are ignored), kept as bytes of its
+        own: the add path hands on views into the request's frame, and a kept view would hold
+        the whole frame while ``bytes_max`` counted only the entry."""
         t = self._tails.get(ledger_id)
         if t is None:
             return
@@ -71,7 +73,7 @@ class TailCache:
             self._empty(t)
             return
         entries = t.entries
-        entries[entry_id] = blob
+        entries[entry_id] = bytes(blob)  # bytes() of a bytes object is that object: no copy
         t.nbytes += size
         self.nbytes += size
         if len(entries) > self.entries_max:
