@@ -42,6 +42,8 @@ from zbk.actors.messages import (
     TrimJournal,
 )
 from zbk.actors.server import LedgerState, ServerCore
+from zbk.storage.entrylogformat import _records as entry_records
+from zbk.storage.entrylogformat import encode_records
 from zbk.storage.journal import JournalWriter, RecordType, list_segments, replay
 from zbk.storage.ledgercache import LedgerCache
 from zbk.storage.markers import read_last_mark
@@ -50,6 +52,12 @@ from zbk.wire.codec import decode_response, encode
 from zbk.wire.status import Status
 
 # -- 1. the assignment ---------------------------------------------------------------------
+
+
+def _entries(msg: JournalAppend) -> list[tuple[int, int, bytes]]:
+    """The (ledger id, entry id, blob) of each entry record a JournalAppend carries."""
+    data = bytes(msg.records)
+    return [(lid, eid, bytes(b)) for lid, eid, _, b in entry_records(data, 0, len(data), strict_path="JournalAppend")]
 
 
 def test_ledgers_map_to_journals_by_id_and_names_follow_the_count() -> None:
@@ -116,13 +124,13 @@ def test_a_multi_add_across_journals_is_acknowledged_only_when_every_journal_syn
     el_out = ListOutbox()
 
     class Logs:  # the EntryLogWriter's append, enough for routing
-        def append_batch(self, lids: list[int], eids: list[int], blobs: list[bytes]) -> list[int]:
-            return list(range(len(lids)))
+        def append_batch(self, lids: list[int], eids: list[int], blobs: list[bytes]) -> tuple[list[int], bytearray]:
+            return list(range(len(lids))), encode_records(lids, eids, blobs)
 
     EntryLoggerCore(Logs(), outbox=el_out, journals=2).on_message(batch, T0)  # type: ignore[arg-type]
     (j0,), (j1,) = el_out.take("journal-0", JournalAppend), el_out.take("journal-1", JournalAppend)
-    assert (j0.ledger_ids, j0.entry_ids) == ([4, 6], [0, 0]) and (j1.ledger_ids, j1.entry_ids) == ([5, 5, 7], [0, 1, 0])
-    assert j0.blobs == [blob(4, 0), blob(6, 0)] and j1.blobs == [blob(5, 0), blob(5, 1), blob(7, 0)]
+    assert _entries(j0) == [(4, 0, blob(4, 0)), (6, 0, blob(6, 0))] and j0.count == 2
+    assert _entries(j1) == [(5, 0, blob(5, 0)), (5, 1, blob(5, 1)), (7, 0, blob(7, 0))] and j1.count == 3
     assert j0.batch_id == j1.batch_id == batch.batch_id
     (appended,) = el_out.take("server", Appended)
     server.on_message(appended, T0)
@@ -223,7 +231,7 @@ class TwoJournals:
         if journal is None:
             return
         if isinstance(msg, JournalAppend):
-            self.routed[journal].update(msg.ledger_ids)
+            self.routed[journal].update(lid for lid, _, _ in _entries(msg))
         elif isinstance(msg, JournalMeta):
             self.routed[journal].update(rec[1] for rec in msg.records)
 

@@ -23,6 +23,7 @@ from zbk.actors.messages import (
 from zbk.actors.server import LedgerState, ServerCore
 from zbk.client.digest import make_digest, master_key
 from zbk.storage.entrylog import EntryLogWriter
+from zbk.storage.entrylogformat import encode_records
 from zbk.storage.journal import JournalWriter, RecordType, replay
 from zbk.storage.ledgercache import LedgerCache
 from zbk.wire import messages as w
@@ -152,7 +153,8 @@ def test_entrylogger_journal_and_index_take_a_multi_ledger_batch(tmp_path):
     el.on_message(AppendBatch(5, lids, eids, blobs, True), 0.0)
     ja = el_out.take("journal", JournalAppend)[0]
     appended = el_out.take("server", Appended)[0]
-    assert ja.ledger_ids == lids and appended.ledger_ids == lids and len(appended.locations) == 4
+    assert ja.records == encode_records(lids, eids, blobs) and ja.count == 4
+    assert appended.ledger_ids == lids and len(appended.locations) == 4
     for lid, eid, loc, b in zip(lids, eids, appended.locations, blobs, strict=True):
         assert bytes(logs.read(loc, lid, eid)) == b
 

@@ -22,6 +22,7 @@ from zbk.storage.entrylog import (
     scan_file,
     split_location,
 )
+from zbk.storage.entrylogformat import encode_records
 
 from .helpers import cut, flip_byte
 
@@ -315,13 +316,16 @@ def test_interrupted_log_creation_is_removed(tmp_path, caplog):
 @pytest.mark.parametrize("per_ledger", [False, True])
 def test_append_batch_is_append_per_entry_byte_for_byte(tmp_path, rng, per_ledger):
     """The same locations, files, usage and footers as one append() per entry, across
-    rotations inside a batch, for one ledger's batches and MULTI_ADD's mixed ones."""
+    rotations inside a batch, for one ledger's batches and MULTI_ADD's mixed ones; and the
+    records it returns for the journal are the records it logged, in a buffer that later
+    appends leave alone."""
     one = EntryLogWriter([str(tmp_path / "one")], size_limit_bytes=8 * 1024, write_buffer_bytes=3000,
                          per_ledger=per_ledger)
     many = EntryLogWriter([str(tmp_path / "many")], size_limit_bytes=8 * 1024, write_buffer_bytes=3000,
                           per_ledger=per_ledger)
     entries: dict[tuple[int, int], tuple[int, bytes]] = {}
     next_eid: dict[int, int] = {}
+    handed: list[tuple[bytearray, bytes]] = []
     for _ in range(60):
         n = rng.randrange(1, 40)
         if rng.random() < 0.5:
@@ -334,12 +338,15 @@ def test_append_batch_is_append_per_entry_byte_for_byte(tmp_path, rng, per_ledge
             next_eid[x] = eids[-1] + 1
         blobs = [rng.randbytes(rng.randrange(0, 700)) for _ in range(n)]
         want = [one.append(x, e, b) for x, e, b in zip(lids, eids, blobs, strict=True)]
-        got = many.append_batch(lids, eids, blobs)
+        got, records = many.append_batch(lids, eids, blobs)
         assert got == want
+        assert records == encode_records(lids, eids, blobs)
+        handed.append((records, bytes(records)))
         entries.update({(x, e): (loc, b) for x, e, loc, b in zip(lids, eids, got, blobs, strict=True)})
         if not per_ledger:
             assert len(many._active[-1].buf) < 3000  # written out once the buffer's size is reached
     assert many.usage() == one.usage()
+    assert all(records == copy for records, copy in handed)
     _check_all(many, entries)
     one.flush()
     many.flush()

@@ -36,7 +36,7 @@ def _append(w: EntryLogWriter, entries: list[tuple[int, int, bytes]], rng: rando
     while i < len(entries):
         chunk = entries[i:i + rng.randrange(1, 7)]
         if rng.random() < 0.5:
-            locations += w.append_batch([e[0] for e in chunk], [e[1] for e in chunk], [e[2] for e in chunk])
+            locations += w.append_batch([e[0] for e in chunk], [e[1] for e in chunk], [e[2] for e in chunk])[0]
         else:
             locations += [w.append(*e) for e in chunk]
         if rng.random() < 0.1:

@@ -12,8 +12,10 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zbk import limits
 from zbk.errors import BookieIOError, CorruptDataError
 from zbk.storage.disk import FaultyDisk
+from zbk.storage.entrylogformat import encode_records
 from zbk.storage.journal import (
     BATCH_RECORD_BYTES,
     HEADER_BYTES,
@@ -92,25 +94,104 @@ def test_sync_is_one_write_and_one_fsync(tmp_path):
     w.close()
 
 
-def test_append_adds_writes_the_bytes_of_one_append_per_entry(tmp_path):
+def test_an_adds_record_replays_as_one_add_per_entry_with_the_mark_after_it(tmp_path):
     rng = random.Random(11)
     ids = [0, 1, 5, 2**62, 7]
     blobs = [rng.randbytes(n) for n in (0, 1, 300, 1024, 17)]
-    one, many = JournalWriter(str(tmp_path / "one"), 1 << 20), JournalWriter(str(tmp_path / "many"), 1 << 20)
-    one.append(RecordType.FENCE, 3)
-    many.append(RecordType.FENCE, 3)
-    for eid, blob in zip(ids, blobs, strict=True):
-        pending = one.append(RecordType.ADD, 42, eid, blob)
-    assert many.append_adds([42] * len(ids), ids, blobs) == pending == many.pending_bytes
-    assert bytes(many._buf) == bytes(one._buf)
-    assert many.append_adds([], [], []) == pending
-    with pytest.raises(ValueError):
-        many.append_adds([42, 42], [1, 2], [b"x"])
-    many.sync()
-    many.close()
-    one.close()
-    assert [tuple(r) for r, _ in _replayed(str(tmp_path / "many"))] == (
-        [(RecordType.FENCE, 3, -1, b"")] + [(RecordType.ADD, 42, e, b) for e, b in zip(ids, blobs, strict=True)])
+    records = encode_records([42] * len(ids), ids, blobs)
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20)
+    w.append(RecordType.FENCE, 3)
+    before = w.pending_bytes
+    assert w.append_records(records, len(ids)) == before + RECORD_HEADER_BYTES + len(records) == w.pending_bytes
+    w.append(RecordType.FENCE, 4)
+    w.sync()
+    w.close()
+    got = _replayed(d)
+    assert [tuple(r) for r, _ in got] == ([(RecordType.FENCE, 3, -1, b"")]
+                                          + [(RecordType.ADD, 42, e, b) for e, b in zip(ids, blobs, strict=True)]
+                                          + [(RecordType.FENCE, 4, -1, b"")])
+    marks = [m for _, m in got]
+    assert marks[0] < marks[1] == marks[5] < marks[6]  # the adds share the mark after their record
+    assert marks[5].offset - marks[0].offset == RECORD_HEADER_BYTES + len(records)
+
+
+def test_append_records_refuses_counts_its_bytes_cannot_hold(tmp_path):
+    w = JournalWriter(str(tmp_path), 1 << 20)
+    records = encode_records([1, 1], [0, 1], [b"a", b"b"])
+    for count in (0, -1, 3):
+        with pytest.raises(ValueError):
+            w.append_records(records, count)
+    assert w.pending_bytes == 0
+    w.close()
+
+
+def test_a_batch_larger_than_a_record_is_split_between_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "journal_record_bytes_max", 3000)
+    blobs = [bytes([i]) * 1024 for i in range(10)]
+    d = str(tmp_path)
+    w = JournalWriter(d, 1 << 20)
+    w.append_records(encode_records([9] * 10, list(range(10)), blobs), 10)
+    w.sync()
+    w.close()
+    got = _replayed(d)
+    assert [(r.type, r.ledger_id, r.entry_id, r.payload) for r, _ in got] == [
+        (RecordType.ADD, 9, i, b) for i, b in enumerate(blobs)]
+    # Two 1,048-byte entry records fit in 3,000 bytes, three do not: five ADDS records.
+    assert [m for _, m in got][::2] == [m for _, m in got][1::2] and len({m for _, m in got}) == 5
+    w = JournalWriter(d, 1 << 20)
+    for count in (9, 11):
+        with pytest.raises(ValueError, match="hold 10 entry records"):
+            w.append_records(encode_records([9] * 10, list(range(10)), blobs), count)
+    assert w.pending_bytes == 0
+    w.close()
+
+
+def _adds_record_written(d: str, records: bytes | bytearray, count: int) -> None:
+    w = JournalWriter(d, 1 << 20)
+    w.append_records(records, count)
+    w.sync()
+    w.close()
+
+
+def test_an_entry_record_that_fails_its_crc_inside_a_sound_adds_record_is_corruption(tmp_path):
+    records = encode_records([1, 1, 1], [0, 1, 2], [b"a" * 50, b"b" * 50, b"c" * 50])
+    records[74 + 30] ^= 0x01  # the second entry's blob: its own crc fails, the record's is made after
+    _adds_record_written(str(tmp_path), records, 3)
+    with pytest.raises(CorruptDataError, match="entry log record is corrupt"):
+        _replayed(str(tmp_path))
+
+
+def test_an_adds_record_whose_count_is_wrong_is_corruption(tmp_path):
+    _adds_record_written(str(tmp_path), encode_records([1, 1, 1], [0, 1, 2], [b"a", b"b", b"c"]), 2)
+    with pytest.raises(CorruptDataError, match="holds 3 entries where it says 2"):
+        _replayed(str(tmp_path))
+
+
+def _as_version_2(path: str) -> None:
+    """Rewrite a segment's header to say format version 2, as the previous release wrote."""
+    with open(path, "r+b") as f:
+        magic, _, sid = struct.unpack("<8sIQ", f.read(20))
+        head = struct.pack("<8sIQ", magic, 2, sid)
+        f.seek(0)
+        f.write(head + struct.pack("<I", crc32c(head)))
+
+
+def test_version_2_segments_are_still_read_and_hold_no_adds_records(tmp_path):
+    d = str(tmp_path / "v2")
+    w = JournalWriter(d, 1 << 20)
+    for e in range(3):
+        w.append(RecordType.ADD, 5, e, b"x" * 10)
+    w.sync()
+    w.close()
+    _as_version_2(os.path.join(d, segment_name(1)))
+    assert [(r.type, r.entry_id) for r, _ in _replayed(d)] == [(RecordType.ADD, 0), (RecordType.ADD, 1),
+                                                               (RecordType.ADD, 2)]
+    bad = str(tmp_path / "adds-in-v2")
+    _adds_record_written(bad, encode_records([1], [0], [b"a"]), 1)
+    _as_version_2(os.path.join(bad, segment_name(1)))
+    with pytest.raises(CorruptDataError, match="ADDS record in a version 2 segment"):
+        _replayed(bad)
 
 
 def test_sync_without_fsync_writes_but_does_not_fsync(tmp_path):
@@ -336,7 +417,8 @@ def test_fsync_failure_poisons_the_writer(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(list(RecordType)[1:]), st.integers(0, (1 << 63) - 1),
+@given(st.lists(st.tuples(st.sampled_from([t for t in RecordType if t not in (RecordType.BATCH, RecordType.ADDS)]),
+                          st.integers(0, (1 << 63) - 1),
                           st.integers(-1, (1 << 63) - 1), st.binary(max_size=64)), max_size=30))
 def test_any_records_round_trip(tmp_path_factory, recs):
     d = str(tmp_path_factory.mktemp("j"))
@@ -486,7 +568,7 @@ def test_journal_actor_keeps_zeros_ahead_of_its_commits(tmp_path):
     jc = JournalCore(jw, outbox=out, sync_data=True, group_bytes_max=1 << 20, group_wait_s=0.01)
     path = os.path.join(d, segment_name(1))
     for b in range(40):  # 40 KiB of records through a 16 KiB preallocation
-        jc.on_message(JournalAppend(b, [4], [b], [b"x" * 1000]), 0.0)
+        jc.on_message(JournalAppend(b, encode_records([4], [b], [b"x" * 1000]), 1), 0.0)
         jc.commit()
         assert out.take("server", Synced)[0].batch_ids == [b]
         assert os.path.getsize(path) - jw.mark.offset >= 8 * 1024

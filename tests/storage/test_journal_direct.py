@@ -12,6 +12,7 @@ import pytest
 from helpers.directio import RefusingDirectDisk, refuse_direct_opens
 
 from zbk.storage.disk import O_DIRECT
+from zbk.storage.entrylogformat import encode_records
 from zbk.storage.journal import (
     DIRECT_BLOCK_BYTES,
     HEADER_BYTES,
@@ -39,13 +40,14 @@ def _records(rng: random.Random, n: int) -> list[tuple[int, int, bytes]]:
 
 
 def _write(w: JournalWriter, recs: list[tuple[int, int, bytes]], rng: random.Random) -> None:
-    """The records in group commits of 1 to 6 records, some through append_adds."""
+    """The records in group commits of 1 to 6 records, some as one ADDS record."""
     i = 0
     while i < len(recs):
         k = rng.randrange(1, 7)
         chunk = recs[i:i + k]
         if rng.random() < 0.5:
-            w.append_adds([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk])
+            w.append_records(encode_records([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]),
+                             len(chunk))
         else:
             for lid, eid, blob in chunk:
                 w.append(RecordType.ADD, lid, eid, blob)

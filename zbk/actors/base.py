@@ -23,7 +23,8 @@ THE RULE: a message, and everything reachable from it (its lists, dicts, tuples)
 to the receiver once it is sent. The sender must not mutate or reuse it afterwards, and
 the receiver must not mutate what it received if the sender may still read it (e.g. the
 Server keeps the ``entry_ids`` list of the AppendBatch it sent in its PendingAdd, and the
-EntryLogger forwards that same list in Appended and JournalAppend: nobody mutates it). Send
+EntryLogger forwards that same list in Appended: nobody mutates it; the records buffer the
+EntryLogger sends in a JournalAppend is one it made for that batch and never touches again). Send
 freshly built objects; never ``msg.items.append(...)`` after ``send``, never reuse a buffer
 list across sends. bytes, ints, strings and tuples of them are immutable and always safe.
 The actor simulation of the tests (tests/helpers/actorsim.py) hands messages over the same

@@ -133,7 +133,7 @@ class EntryLoggerCore:
     def _append(self, msg: AppendBatch) -> None:
         lids = msg.ledger_ids
         try:
-            locations = self.logs.append_batch(lids, msg.entry_ids, msg.blobs)
+            locations, records = self.logs.append_batch(lids, msg.entry_ids, msg.blobs)
         except OSError as e:
             # A failed append is reported, never half-acknowledged: the Server answers the
             # whole batch with an error (and turns read-only on ENOSPC).
@@ -144,26 +144,29 @@ class EntryLoggerCore:
         # The journal record first: its write and fsync are the longest step of an add, and
         # they run (without the GIL) while the Server and the index handle Appended.
         if msg.journal:
-            self._to_journals(msg)
+            self._to_journals(msg, records)
         self.outbox.send("server", Appended(msg.batch_id, lids, msg.entry_ids, locations))
         m.ENTRYLOG_BYTES_WRITTEN.inc(sum(map(len, msg.blobs)))
 
-    def _to_journals(self, msg: AppendBatch) -> None:
-        """The batch's ADD records, to the journal of each entry's ledger: one JournalAppend
-        per journal (the Server waits for as many Synced, zbk/actors/journals.py)."""
+    def _to_journals(self, msg: AppendBatch, records: bytes | memoryview) -> None:
+        """The batch's records, as the entry log holds them, to the journal of each entry's
+        ledger: one JournalAppend per journal (the Server waits for as many Synced,
+        zbk/actors/journals.py), which it writes as one ADDS record."""
         lids = msg.ledger_ids
         touched = journals_touched(lids, self.journals)
         if touched == 0:  # no entries (the wire admits none): no record, and no Synced expected
             return
         if touched == 1:  # an ADD_ENTRY, or ledgers of one journal
             self.outbox.send(self.journal_names[journal_index(lids[0], self.journals)],
-                             JournalAppend(msg.batch_id, lids, msg.entry_ids, msg.blobs))
+                             JournalAppend(msg.batch_id, records, len(lids)))
             return
-        eids, blobs = msg.entry_ids, msg.blobs
+        starts = [0]
+        for blob in msg.blobs:
+            starts.append(starts[-1] + RECORD_HEADER_BYTES + len(blob))
+        view = memoryview(records)
         for j, positions in split_by_journal(lids, self.journals):
-            self.outbox.send(self.journal_names[j], JournalAppend(msg.batch_id, [lids[i] for i in positions],
-                                                                  [eids[i] for i in positions],
-                                                                  [blobs[i] for i in positions]))
+            part = b"".join([view[starts[i]:starts[i + 1]] for i in positions])
+            self.outbox.send(self.journal_names[j], JournalAppend(msg.batch_id, part, len(positions)))
 
     def serve_read_slice(self) -> None:
         """Serve one slice of the read at the head of the queue: answer it if that ends it,

@@ -57,8 +57,8 @@ class JournalCore:
 
     def on_message(self, msg: Any, now: float) -> None:
         if isinstance(msg, JournalAppend):
-            self.writer.append_adds(msg.ledger_ids, msg.entry_ids, msg.blobs)
-            self.pending_entries += len(msg.blobs)
+            self.writer.append_records(msg.records, msg.count)
+            self.pending_entries += msg.count
             self._pend(msg.batch_id, now)
         elif isinstance(msg, JournalMeta):
             for rtype, lid, value, payload in msg.records:

@@ -85,10 +85,12 @@ class Appended:
 
 @dataclass(slots=True)
 class JournalAppend:
+    """An add batch's entries for one journal: their records as the entry log holds them
+    (zbk/storage/entrylogformat.py), which the journal writes as they are."""
+
     batch_id: int
-    ledger_ids: list[int]  # as in the AppendBatch
-    entry_ids: list[int]
-    blobs: list[Blob]
+    records: Blob
+    count: int  # records in ``records``
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import errno
 import mmap
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # collections.abc.Buffer arrives with Python 3.12
@@ -66,12 +66,13 @@ class DirectWrites:
         self._min = min_bytes
         self._mem: mmap.mmap | None = None
 
-    def write(self, disk: Disk, fd: int, tail: bytes, data: Buffer, offset: int) -> bytes:
-        """Write ``data`` at file ``offset`` (after ``tail``, the bytes from the block boundary
-        below ``offset``); returns the new tail. An ``OSError`` is raised as it came: ``EINVAL``
-        means the file system refused the write before writing anything."""
+    def write(self, disk: Disk, fd: int, tail: bytes, parts: Sequence[Buffer], offset: int) -> bytes:
+        """Write ``parts``, one after another, at file ``offset`` (after ``tail``, the bytes
+        from the block boundary below ``offset``); returns the new tail. An ``OSError`` is
+        raised as it came: ``EINVAL`` means the file system refused the write before writing
+        anything."""
         start = offset - len(tail)
-        n = len(tail) + memoryview(data).nbytes
+        n = len(tail) + sum(memoryview(p).nbytes for p in parts)
         padded = align_up(n)
         mem = self._mem
         if mem is None or len(mem) < padded:
@@ -79,7 +80,11 @@ class DirectWrites:
         view = memoryview(mem)
         try:
             view[:len(tail)] = tail
-            view[len(tail):n] = data
+            at = len(tail)
+            for p in parts:
+                k = memoryview(p).nbytes
+                view[at:at + k] = p
+                at += k
             view[n:padded] = bytes(padded - n)
             disk.pwrite(fd, view[:padded], start)
             return bytes(view[n - n % DIRECT_BLOCK_BYTES:n])

@@ -81,6 +81,7 @@ from zbk.storage.entrylogformat import (
     _pack_prefix,
     _records,
     _usage_of,
+    encode_records,
     list_logs,
     log_name,
     make_location,
@@ -249,14 +250,20 @@ class EntryLogWriter(EntryLogReads):
         return (lg.log_id << OFFSET_BITS) | pos
 
     def append_batch(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
-                     blobs: Sequence[bytes | bytearray | memoryview]) -> list[int]:
-        """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order,
-        returning their locations: the same bytes, locations and rotations, with the loop's
-        per-entry work in one place (the add path's largest per-entry cost in a bookie
-        profile) and one write of the buffer at the end instead of one per
-        ``entry_log_write_buffer_bytes``. Durable only after :meth:`flush`."""
+                     blobs: Sequence[bytes | bytearray | memoryview]) -> tuple[list[int], bytes | memoryview]:
+        """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order:
+        the same bytes, locations and rotations, with the loop's per-entry work in one place
+        (the add path's largest per-entry cost in a bookie profile) and one write of the
+        buffer at the end instead of one per ``entry_log_write_buffer_bytes``.
+
+        Returns the locations, and the records themselves in order, as
+        :func:`encode_records` makes them, for the journal's ADDS record: a view of the
+        buffer they were written from when the batch filled it (the logs let go of that
+        buffer once written, so nothing changes it), else a copy. Durable only after
+        :meth:`flush`."""
         if self._per_ledger:  # a log per ledger: rotation and access times are per entry
-            return [self.append(lid, eid, blob) for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True)]
+            return ([self.append(lid, eid, blob) for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True)],
+                    bytes(encode_records(ledger_ids, entry_ids, blobs)))
         if self._failed is not None:
             raise BookieIOError(f"entry logger failed earlier: {self._failed}")
         lg = self._active.get(-1)
@@ -264,6 +271,8 @@ class EntryLogWriter(EntryLogReads):
             lg = self._new_active(-1)
         limit = self._size_limit
         buf, base, usage, high = lg.buf, lg.written, lg.usage, lg.log_id << OFFSET_BITS
+        first = len(buf)  # where this batch's records start in ``buf``
+        earlier: list[bytes] = []  # the batch's records in logs it filled and retired
         locations: list[int] = []
         append = locations.append
         for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True):
@@ -271,18 +280,26 @@ class EntryLogWriter(EntryLogReads):
             size = RECORD_HEADER_BYTES + n
             pos = base + len(buf)
             if pos + size > limit and pos > HEADER_BYTES:
+                earlier.append(bytes(buf[first:]))
                 self._retire(lg)
                 lg = self._new_active(-1)
                 buf, base, usage, high = lg.buf, lg.written, lg.usage, lg.log_id << OFFSET_BITS
+                first = len(buf)
                 pos = base + len(buf)
             ids = _pack_ids(lid, eid)
             buf += _pack_prefix(_LENGTH_MIN + n, crc32c(blob, crc32c(ids))) + ids
             buf += blob
             usage[lid] = usage.get(lid, 0) + size
             append(high | pos)
-        if len(lg.buf) >= self._write_buffer:
-            self._write_out(lg)
-        return locations
+        records: bytes | memoryview
+        if len(buf) >= self._write_buffer:
+            self._write_out(lg)  # lg.buf is a new buffer from here on
+            records = memoryview(buf)[first:]
+        else:
+            records = bytes(buf[first:])
+        if earlier:
+            records = b"".join([*earlier, records])
+        return locations, records
 
     def _new_active(self, key: int) -> _Log:
         while len(self._active) >= self._open_max:
@@ -319,7 +336,7 @@ class EntryLogWriter(EntryLogReads):
         """Write the buffer of ``lg`` through its O_DIRECT descriptor; False, with direct I/O
         turned off for every log, if the file system refused it before writing anything."""
         try:
-            lg.dtail = self._dwrites.write(self._disk, lg.dfd, lg.dtail, lg.buf, lg.written)
+            lg.dtail = self._dwrites.write(self._disk, lg.dfd, lg.dtail, [lg.buf], lg.written)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise

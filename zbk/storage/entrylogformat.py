@@ -50,7 +50,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +163,33 @@ def _footer_doc_ok(doc: Any, log_id: int, footer_offset: int) -> bool:
     if not isinstance(end, int) or not HEADER_BYTES <= end <= footer_offset or not isinstance(usage, dict):
         return False
     return all(isinstance(k, int) and isinstance(v, int) for k, v in usage.items())
+
+
+def encode_records(ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                   blobs: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """The records of entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` with blob
+    ``blobs[i]``, in order, as a log holds them (the journal's ADDS records carry the same
+    bytes, zbk/storage/journalformat.py)."""
+    out = bytearray()
+    for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True):
+        ids = _pack_ids(lid, eid)
+        out += _pack_prefix(_LENGTH_MIN + len(blob), crc32c(blob, crc32c(ids))) + ids
+        out += blob
+    return out
+
+
+def record_lengths(records: bytes | bytearray | memoryview) -> Iterator[int]:
+    """The size of each record in ``records`` (records back to back, as
+    :func:`encode_records` makes them), headers included; ValueError where one does not fit."""
+    pos, end = 0, len(records)
+    while pos < end:
+        if pos + RECORD_HEADER_BYTES > end:
+            raise ValueError(f"entry record at {pos} of {end} bytes is cut short")
+        size = _PREFIX.size + _CRC.unpack_from(records, pos)[0]
+        if size < RECORD_HEADER_BYTES or pos + size > end:
+            raise ValueError(f"entry record at {pos} of {end} bytes has a bad length")
+        yield size
+        pos += size
 
 
 def _records(mm: mmap.mmap | bytes, start: int, end: int,

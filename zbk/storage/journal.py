@@ -75,15 +75,17 @@ import errno
 import logging
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator
 
 from crc32c import crc32c
 
 from zbk import limits
 from zbk.errors import BookieIOError
 from zbk.storage.disk import DIRECT_BLOCK_BYTES, O_DIRECT, REAL_DISK, DirectWrites, Disk, align_up
+from zbk.storage.entrylogformat import RECORD_HEADER_BYTES as ENTRY_RECORD_HEADER_BYTES
+from zbk.storage.entrylogformat import record_lengths
 from zbk.storage.journalformat import (
-    _ADD,
+    _ADDS,
     _BODY_MIN,
     BATCH_MAGIC,
     BATCH_RECORD_BYTES,
@@ -123,6 +125,22 @@ def _zeros(n: int) -> bytes | memoryview:
     """``n`` zero bytes; a view of one shared block when it is large enough (a fresh 1 MiB
     ``bytes(n)`` per extension showed in a bookie profile at window 1,000)."""
     return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
+
+
+def _split_records(records: bytes | bytearray | memoryview,
+                   limit: int) -> Iterator[tuple[memoryview, int]]:
+    """``records`` in runs of whole entry records of at most ``limit`` bytes each (one
+    record is never larger), with how many records each run holds."""
+    view = memoryview(records)
+    start = end = k = 0
+    for size in record_lengths(view):
+        if end + size - start > limit and k:
+            yield view[start:end], k
+            start, k = end, 0
+        end += size
+        k += 1
+    if k:
+        yield view[start:end], k
 
 
 def list_free(directory: str) -> list[int]:
@@ -170,44 +188,57 @@ class JournalWriter:
         self._dwrites = DirectWrites(2 * limits.journal_preallocate_bytes_default)
         self._offset = 0  # bytes written to the current segment
         self._synced = 0  # bytes of the current segment known to be fsynced
-        # The buffer always starts with room for the batch record, filled in by sync().
+        # What the next sync() writes, in order: whole parts (an ADDS record's header, then
+        # the entry records it was given, kept as they came rather than copied), then the
+        # buffer the other records are encoded into. The first part, or the buffer when there
+        # is none, starts with room for the batch record, filled in by sync().
+        self._parts: list[bytes | bytearray | memoryview] = []
+        self._parts_bytes = 0
         self._buf = bytearray(BATCH_RECORD_BYTES)
         self._open_segment()
 
     # --- appending ---------------------------------------------------------------------
 
     def append(self, rec_type: RecordType, ledger_id: int, entry_id: int = -1, payload: bytes = b"") -> int:
-        """Encode one record into the buffer; returns the bytes now waiting for :meth:`sync`."""
+        """Encode one record into the buffer; returns the bytes now waiting for :meth:`sync`.
+        ADDS records are :meth:`append_records`'s."""
         assert len(payload) <= limits.journal_record_bytes_max, "journal record too large"
+        if rec_type == RecordType.ADDS:
+            raise ValueError("journal: ADDS records are written by append_records")
         body = _pack_body(rec_type, ledger_id, entry_id)
         buf, seed = self._buf, self._seed
         # Two appends, not three: each bytearray append costs about as much as the crc.
         buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body, seed))) + body
         buf += payload
-        return len(buf) - BATCH_RECORD_BYTES
+        return self._parts_bytes + len(buf) - BATCH_RECORD_BYTES
 
-    def append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
-                    blobs: Sequence[bytes | bytearray | memoryview]) -> int:
-        """:meth:`append` of one ADD record per (ledger id, entry id, blob), in order: an add
-        batch's records (of one ledger, or of several for a MULTI_ADD) in one call instead
-        of one per entry, with the same bytes as ``append(RecordType.ADD, lid, eid, blob)``
-        for each."""
-        if not len(ledger_ids) == len(entry_ids) == len(blobs):
-            raise ValueError("journal: ledger ids, entry ids and blobs differ in length")
-        limit = limits.journal_record_bytes_max
-        buf, seed = self._buf, self._seed
-        for lid, eid, payload in zip(ledger_ids, entry_ids, blobs, strict=True):
-            n = len(payload)
-            assert n <= limit, "journal record too large"
-            body = _pack_body(_ADD, lid, eid)
-            buf += _pack_prefix(_BODY_MIN + n, crc32c(payload, crc32c(body, seed))) + body
-            buf += payload
-        return len(buf) - BATCH_RECORD_BYTES
+    def append_records(self, records: bytes | bytearray | memoryview, count: int) -> int:
+        """Encode ``count`` entries' records, as an entry log holds them (back to back in
+        ``records``, zbk/storage/entrylogformat.py), as one ADDS record, or as several split
+        between entries when they exceed a record's size; returns the bytes now waiting for
+        :meth:`sync`. Replay yields an ADD record per entry."""
+        n = len(records)
+        if count <= 0 or n < ENTRY_RECORD_HEADER_BYTES * count:
+            raise ValueError(f"journal: {n} bytes cannot hold {count} entry records")
+        if n > limits.journal_record_bytes_max:
+            runs = list(_split_records(records, limits.journal_record_bytes_max))
+            if sum(k for _, k in runs) != count:
+                raise ValueError(f"journal: {n} bytes hold {sum(k for _, k in runs)} entry records, not {count}")
+            for part, k in runs:
+                self.append_records(part, k)
+            return self.pending_bytes
+        body = _pack_body(_ADDS, 0, count)
+        buf = self._buf
+        buf += _pack_prefix(_BODY_MIN + n, crc32c(records, crc32c(body, self._seed))) + body
+        self._parts += (buf, records)
+        self._parts_bytes += len(buf) + n
+        self._buf = bytearray()
+        return self._parts_bytes - BATCH_RECORD_BYTES
 
     @property
     def pending_bytes(self) -> int:
         """Bytes appended but not yet written by :meth:`sync`."""
-        return len(self._buf) - BATCH_RECORD_BYTES
+        return self._parts_bytes + len(self._buf) - BATCH_RECORD_BYTES
 
     @property
     def mark(self) -> LogMark:
@@ -255,22 +286,27 @@ class JournalWriter:
         return mark
 
     def _write_batch(self) -> None:
-        buf = self._buf
-        buf[:BATCH_RECORD_BYTES] = _batch_record(self._segment_id, self._synced, self._seed)
-        self._buf = bytearray(BATCH_RECORD_BYTES)
-        if self._dfd < 0 or not self._write_direct(buf):
+        parts = self._parts
+        if self._buf:
+            parts.append(self._buf)
+        head = parts[0]
+        assert isinstance(head, bytearray)
+        head[:BATCH_RECORD_BYTES] = _batch_record(self._segment_id, self._synced, self._seed)
+        n = self._parts_bytes + len(self._buf)
+        self._parts, self._parts_bytes, self._buf = [], 0, bytearray(BATCH_RECORD_BYTES)
+        if self._dfd < 0 or not self._write_direct(parts, n):
             # At the offset, not the file position: a recycled file was opened at 0.
-            self._disk.pwrite(self._fd, buf, self._offset)
-        self._offset += len(buf)
+            self._disk.pwrite(self._fd, head if len(parts) == 1 else b"".join(parts), self._offset)
+        self._offset += n
         if self._offset > self._alloc_end:
             self._alloc_end = self._offset
 
-    def _write_direct(self, buf: bytearray) -> bool:
-        """Write ``buf`` at the end of the records through the O_DIRECT descriptor (see
-        "Direct I/O"); False, with direct I/O turned off, if the file system refused it
-        before writing anything."""
+    def _write_direct(self, parts: list[bytes | bytearray | memoryview], n: int) -> bool:
+        """Write ``parts`` (``n`` bytes) at the end of the records through the O_DIRECT
+        descriptor (see "Direct I/O"); False, with direct I/O turned off, if the file system
+        refused it before writing anything."""
         try:
-            self._dtail = self._dwrites.write(self._disk, self._dfd, self._dtail, buf, self._offset)
+            self._dtail = self._dwrites.write(self._disk, self._dfd, self._dtail, parts, self._offset)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
@@ -280,7 +316,7 @@ class JournalWriter:
             self._close_direct()
             self._direct = False
             return False
-        end = align_up(self._offset + len(buf))
+        end = align_up(self._offset + n)
         if end > self._alloc_end:
             self._alloc_end = end
         return True

@@ -1,4 +1,5 @@
-"""The journal format: the bookie's write-ahead log (format version 2; version 1 is still read).
+"""The journal format: the bookie's write-ahead log (format version 3; versions 1 and 2 are
+still read).
 
 Files
     ``<journal dir>/<segment id as 16 hex digits>.jnl``. Segment ids start at 1 and grow by
@@ -9,19 +10,36 @@ Files
 Segment header (24 bytes, written and fsynced, with the directory, before any record)::
 
     0   8s   magic  b"ZBKJRNL\\0"
-    8   u32  format version (2; segments written by older bookies say 1)
+    8   u32  format version (3; segments written by older bookies say 1 or 2)
     12  u64  segment id (must match the file name)
     20  u32  crc32c of bytes [0, 20)
 
 Record (all integers little-endian)::
 
     0   u32  length: bytes after the crc (type + ledger id + entry id + payload), >= 17
-    4   u32  crc32c of those ``length`` bytes, started from the segment's seed (version 2:
-             :func:`segment_seed`; version 1: 0, the plain crc32c)
+    4   u32  crc32c of those ``length`` bytes, started from the segment's seed (versions 2
+             and 3: :func:`segment_seed`; version 1: 0, the plain crc32c)
     8   u8   record type (:class:`RecordType`)
-    9   u64  ledger id
-    17  i64  entry id (-1 when the type has none; LIMBO: 1 set / 0 clear; EXPLICIT_LAC: the LAC)
-    25  ...  payload (ADD: the entry blob; MASTER_KEY: the key; others: empty)
+    9   u64  ledger id (0 for ADDS)
+    17  i64  entry id (-1 when the type has none; LIMBO: 1 set / 0 clear; EXPLICIT_LAC: the
+             LAC; ADDS: how many entry records its payload holds, >= 1)
+    25  ...  payload (ADD: the entry blob; ADDS: entry records; MASTER_KEY: the key; others:
+             empty)
+
+ADDS records (version 3)
+    An add batch's entries in one record: the payload is their records exactly as an entry
+    log holds them (zbk/storage/entrylogformat.py: length, crc32c, ledger id, entry id,
+    blob), back to back, as many as the entry id says. The bookie builds those records once,
+    for its entry log, and the journal writes the same bytes, so an entry's bytes are
+    checked and copied per entry once rather than once per file. Replay yields one ADD
+    record per entry record, each with the mark after the whole ADDS record. The record's
+    own crc32c, seeded as any other, is what tells a torn or recycled tail (below and
+    "Recycling" in zbk/storage/journal.py); an entry record that fails its own length or
+    crc32c check inside a record that passes its check, or a count that does not match,
+    is :class:`CorruptDataError`. A batch larger than a record may be is written as several
+    ADDS records, split between entries. Version 1 and 2 segments hold one ADD record per
+    entry instead; the writer still writes those for a single entry appended by
+    :meth:`JournalWriter.append`.
 
 Batches and group commit
     Records are encoded into one in-memory buffer; :meth:`JournalWriter.sync` writes the
@@ -49,8 +67,8 @@ from crc32c import crc32c
 
 from zbk import limits
 
-FORMAT_VERSION = 2  # written; version 1 segments (unseeded CRCs) are read as well
-READABLE_VERSIONS = frozenset({1, 2})
+FORMAT_VERSION = 3  # written; version 1 (unseeded CRCs) and 2 (no ADDS records) segments are read as well
+READABLE_VERSIONS = frozenset({1, 2, 3})
 FREE_SUFFIX = ".free"  # <segment name>.free: a retired segment kept for reuse
 SEGMENT_MAGIC = b"ZBKJRNL\x00"
 SEGMENT_SUFFIX = ".jnl"
@@ -77,10 +95,12 @@ class RecordType(IntEnum):
     MASTER_KEY = 3  # the ledger's master key: payload = key bytes
     LIMBO = 4  # BP-46 limbo state: entry id 1 = set, 0 = cleared
     EXPLICIT_LAC = 5  # explicit last-add-confirmed: entry id = the LAC
+    ADDS = 6  # entries added: entry id = how many; payload = their entry log records (version 3)
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in RecordType)
 _ADD = int(RecordType.ADD)
+_ADDS = int(RecordType.ADDS)
 
 
 class LogMark(NamedTuple):
@@ -125,7 +145,7 @@ def _ids_named(directory: str, suffix: str) -> list[int]:
 
 def segment_seed(segment_id: int, version: int = FORMAT_VERSION) -> int:
     """The value every record CRC of a segment starts from (see "Recycling"): 0 in version 1
-    segments, a function of the segment id in version 2 (never 0)."""
+    segments, a function of the segment id from version 2 on (never 0)."""
     if version == 1:
         return 0
     return crc32c(struct.pack("<8sQ", b"ZBKJSEED", segment_id)) or 1

@@ -36,6 +36,7 @@ from crc32c import crc32c
 
 from zbk.errors import CorruptDataError
 from zbk.storage.disk import REAL_DISK, Disk, only_zeros
+from zbk.storage.entrylogformat import _records as entry_records
 from zbk.storage.journalformat import (
     _BATCH_BODY,
     _BODY,
@@ -101,7 +102,7 @@ def _replay_segment(path: str, sid: int, start: int, last: bool,
             return
         zeros = False
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            bad = yield from _records(mm, path, sid, seed, start, size)
+            bad = yield from _records(mm, path, sid, seed, start, size, version)
             if bad >= 0:
                 _check_torn_tail(mm, path, sid, seed, bad, last)
                 zeros = only_zeros(fd, bad, size)
@@ -134,9 +135,10 @@ def _segment_header_usable(fd: int, path: str, sid: int, size: int, last: bool, 
     raise CorruptDataError("journal segment header is invalid", path=path, offset=0)
 
 
-def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int,
-             size: int) -> Generator[tuple[JournalRecord, LogMark], None, int]:
-    """Yield the valid records from ``pos``; returns the offset of a bad record, or -1."""
+def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int, size: int,
+             version: int) -> Generator[tuple[JournalRecord, LogMark], None, int]:
+    """Yield the valid records from ``pos``, an ADD for each entry of an ADDS record;
+    returns the offset of a bad record, or -1."""
     prefix, body_hdr = _PREFIX.unpack_from, _BODY.unpack_from
     while pos < size:
         if pos + RECORD_HEADER_BYTES > size:
@@ -153,6 +155,16 @@ def _records(mm: mmap.mmap, path: str, sid: int, seed: int, pos: int,
         if rtype == RecordType.BATCH:
             if ledger_id != sid or entry_id > pos:
                 raise CorruptDataError("journal batch record does not belong here", path=path, offset=pos)
+        elif rtype == RecordType.ADDS:
+            if version < 3:
+                raise CorruptDataError(f"journal ADDS record in a version {version} segment", path=path, offset=pos)
+            mark, count = LogMark(sid, end), 0
+            for lid, eid, _, blob in entry_records(mm, pos + RECORD_HEADER_BYTES, end, strict_path=path):
+                count += 1
+                yield JournalRecord(RecordType.ADD, lid, eid, blob), mark
+            if count != entry_id:
+                raise CorruptDataError(f"journal ADDS record holds {count} entries where it says {entry_id}",
+                                       path=path, offset=pos)
         else:
             payload = mm[pos + RECORD_HEADER_BYTES:end]
             yield JournalRecord(RecordType(rtype), ledger_id, entry_id, payload), LogMark(sid, end)
