@@ -22,7 +22,7 @@ from zbk.storage.entrylog import (
     scan_file,
     split_location,
 )
-from zbk.storage.entrylogformat import encode_records
+from zbk.storage.entrylogformat import LAST_ID_FILE, encode_records, read_last_id
 
 from .helpers import cut, flip_byte
 
@@ -212,6 +212,22 @@ def test_log_ids_are_not_reused_after_the_newest_logs_are_deleted(tmp_path):
     w = EntryLogWriter([d], 1 << 20, 1024)
     assert split_location(w.append(1, 2, b"c"))[0] == 3
     w.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut"])
+def test_a_damaged_log_id_file_is_refused_rather_than_guessed(tmp_path, damage):
+    d = str(tmp_path)
+    w = EntryLogWriter([d], 1 << 20, 1024)
+    w.append(1, 0, b"a")
+    w.close()
+    path = os.path.join(d, LAST_ID_FILE)
+    assert read_last_id(d) == 1
+    if damage == "flip":
+        flip_byte(path, 9)  # inside the id: the crc32c fails
+    else:
+        cut(path, 10)
+    with pytest.raises(CorruptDataError, match="entry log id file is corrupt"):
+        EntryLogWriter([d], 1 << 20, 1024)
 
 
 def test_per_ledger_logs_rotate_on_write_close(tmp_path):

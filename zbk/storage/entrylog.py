@@ -63,12 +63,9 @@ from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.errors import BookieIOError, CorruptDataError
 from zbk.storage.disk import O_DIRECT, REAL_DISK, DirectWrites, Disk, only_zeros
 from zbk.storage.entrylogformat import (
-    _CRC,
-    _LAST_ID,
     _LENGTH_MIN,
     HEADER_BYTES,
     LAST_ID_FILE,
-    LAST_ID_MAGIC,
     LOG_ID_MAX,
     OFFSET_BITS,
     OFFSET_MASK,
@@ -81,11 +78,13 @@ from zbk.storage.entrylogformat import (
     _pack_prefix,
     _records,
     _usage_of,
+    encode_last_id,
     encode_records,
     list_logs,
     log_name,
     make_location,
     read_footer,
+    read_last_id,
     scan_file,
     split_location,
 )
@@ -145,7 +144,7 @@ class EntryLogWriter(EntryLogReads):
         for d in self._dirs:
             os.makedirs(d, exist_ok=True)
         self._discover()
-        self._last_id_persisted = self._read_last_id()
+        self._last_id_persisted = max(read_last_id(d) for d in self._dirs)
         self._last_id = max([*self._paths, self._last_id_persisted])
         self.sealed_on_open: list[int] = []
         self._seal_unfinished()
@@ -159,21 +158,6 @@ class EntryLogWriter(EntryLogReads):
                     raise CorruptDataError(f"entry log {log_id} exists twice (also {self._paths[log_id]})",
                                            path=path, offset=0)
                 self._paths[log_id] = path
-
-    def _read_last_id(self) -> int:
-        best = 0
-        for d in self._dirs:
-            path = os.path.join(d, LAST_ID_FILE)
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            if len(data) != _LAST_ID.size + _CRC.size or _CRC.unpack_from(data, _LAST_ID.size)[0] != crc32c(
-                    data[: _LAST_ID.size]) or data[:8] != LAST_ID_MAGIC:
-                raise CorruptDataError("entry log id file is corrupt", path=path, offset=0)
-            best = max(best, _LAST_ID.unpack_from(data, 0)[1])
-        return best
 
     def _seal_unfinished(self) -> None:
         dirs_touched: set[str] = set()
@@ -251,16 +235,11 @@ class EntryLogWriter(EntryLogReads):
 
     def append_batch(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
                      blobs: Sequence[bytes | bytearray | memoryview]) -> tuple[list[int], bytes | memoryview]:
-        """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order:
-        the same bytes, locations and rotations, with the loop's per-entry work in one place
-        (the add path's largest per-entry cost in a bookie profile) and one write of the
-        buffer at the end instead of one per ``entry_log_write_buffer_bytes``.
-
-        Returns the locations, and the records themselves in order, as
-        :func:`encode_records` makes them, for the journal's ADDS record: a view of the
-        buffer they were written from when the batch filled it (the logs let go of that
-        buffer once written, so nothing changes it), else a copy. Durable only after
-        :meth:`flush`."""
+        """:meth:`append` of each entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` in order
+        (the same bytes, locations and rotations; one write at the end). Returns the
+        locations and the records, as :func:`encode_records` makes them, for the journal's
+        ADDS record: a view of the buffer written (which the logs then let go of), else a
+        copy. Durable only after :meth:`flush`."""
         if self._per_ledger:  # a log per ledger: rotation and access times are per entry
             return ([self.append(lid, eid, blob) for lid, eid, blob in zip(ledger_ids, entry_ids, blobs, strict=True)],
                     bytes(encode_records(ledger_ids, entry_ids, blobs)))
@@ -291,15 +270,11 @@ class EntryLogWriter(EntryLogReads):
             buf += blob
             usage[lid] = usage.get(lid, 0) + size
             append(high | pos)
-        records: bytes | memoryview
-        if len(buf) >= self._write_buffer:
-            self._write_out(lg)  # lg.buf is a new buffer from here on
-            records = memoryview(buf)[first:]
-        else:
-            records = bytes(buf[first:])
-        if earlier:
-            records = b"".join([*earlier, records])
-        return locations, records
+        full = len(buf) >= self._write_buffer
+        records = memoryview(buf)[first:] if full else bytes(buf[first:])
+        if full:
+            self._write_out(lg)  # lg.buf is a new buffer from here on: nothing changes ``buf``
+        return locations, b"".join([*earlier, records]) if earlier else records
 
     def _new_active(self, key: int) -> _Log:
         while len(self._active) >= self._open_max:
@@ -526,8 +501,7 @@ class EntryLogWriter(EntryLogReads):
             raise
 
     def _persist_last_id(self) -> None:
-        data = _LAST_ID.pack(LAST_ID_MAGIC, self._last_id)
-        data += _CRC.pack(crc32c(data))
+        data = encode_last_id(self._last_id)
         for d in self._dirs:
             self._disk.write_file_atomic(os.path.join(d, LAST_ID_FILE), data)
         self._last_id_persisted = self._last_id

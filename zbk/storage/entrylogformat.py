@@ -165,6 +165,26 @@ def _footer_doc_ok(doc: Any, log_id: int, footer_offset: int) -> bool:
     return all(isinstance(k, int) and isinstance(v, int) for k, v in usage.items())
 
 
+def encode_last_id(log_id: int) -> bytes:
+    """The contents of a ``LASTLOGID`` file naming ``log_id``."""
+    data = _LAST_ID.pack(LAST_ID_MAGIC, log_id)
+    return data + _CRC.pack(crc32c(data))
+
+
+def read_last_id(directory: str) -> int:
+    """The log id the ``LASTLOGID`` file of ``directory`` names; 0 without one."""
+    path = os.path.join(directory, LAST_ID_FILE)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return 0
+    if (len(data) != _LAST_ID.size + _CRC.size or data[:8] != LAST_ID_MAGIC
+            or _CRC.unpack_from(data, _LAST_ID.size)[0] != crc32c(data[:_LAST_ID.size])):
+        raise CorruptDataError("entry log id file is corrupt", path=path, offset=0)
+    return int(_LAST_ID.unpack_from(data, 0)[1])
+
+
 def encode_records(ledger_ids: Sequence[int], entry_ids: Sequence[int],
                    blobs: Sequence[bytes | bytearray | memoryview]) -> bytearray:
     """The records of entry ``entry_ids[i]`` of ledger ``ledger_ids[i]`` with blob
