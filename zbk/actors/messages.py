@@ -69,7 +69,7 @@ class AppendBatch:
     batch_id: int
     ledger_ids: list[int]
     entry_ids: list[int]
-    blobs: list[Blob]  # views into the request's frames: copied once, into the entry log and each journal
+    blobs: list[Blob]  # views into the request's frames: copied once, into the entry log's records
     journal: bool  # False with journal_write_data = false (BP-46)
 
 

@@ -207,8 +207,8 @@ def _unpacked(h: dict[str, Any], frames: Sequence[Blob], at: int, high: int, *, 
 # KeyError, which decode_request() reports as a missing field.
 
 
-# An add's entries are views into its frame: a bookie copies each entry once into the entry
-# log's buffer and once into each journal's, so a copy per entry here would be a third.
+# An add's entries are views into its frame: a bookie copies each entry once, into the entry
+# log's records (which the journal writes as they are), so a copy per entry here would be a second.
 def _dec_add_request(h: dict[str, Any], frames: Sequence[Blob]) -> AddRequest:
     if "n" in h:
         entries = _unpacked(h, frames, 1, limits.entries_per_add_request_max, views=True)
