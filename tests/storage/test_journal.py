@@ -143,6 +143,8 @@ def test_a_batch_larger_than_a_record_is_split_between_entries(tmp_path, monkeyp
     for count in (9, 11):
         with pytest.raises(ValueError, match="hold 10 entry records"):
             w.append_records(encode_records([9] * 10, list(range(10)), blobs), count)
+    with pytest.raises(ValueError, match="larger than a journal record may be"):  # replay would refuse it
+        w.append_records(encode_records([9, 9], [10, 11], [b"x" * 100, b"y" * 3000]), 2)
     assert w.pending_bytes == 0
     w.close()
 

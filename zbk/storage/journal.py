@@ -224,6 +224,8 @@ class JournalWriter:
             runs = list(_split_records(records, limits.journal_record_bytes_max))
             if sum(k for _, k in runs) != count:
                 raise ValueError(f"journal: {n} bytes hold {sum(k for _, k in runs)} entry records, not {count}")
+            if any(len(part) > limits.journal_record_bytes_max for part, _ in runs):
+                raise ValueError("journal: an entry record is larger than a journal record may be")
             for part, k in runs:
                 self.append_records(part, k)
             return self.pending_bytes
