@@ -49,13 +49,24 @@ def _records(n: int, rng: random.Random | None = None) -> list[Rec]:
 
 
 def _write(directory: str, recs: list[Rec], per_batch: int = 5, segment_bytes_max: int = 1 << 20,
-           close: bool = True) -> tuple[JournalWriter, list[LogMark]]:
-    """Write ``recs`` in batches; returns the writer and the mark returned by each sync."""
+           close: bool = True, adds: bool = False) -> tuple[JournalWriter, list[LogMark]]:
+    """Write ``recs`` in batches; returns the writer and the mark returned by each sync.
+    With ``adds``, each run of ADD records in a batch goes in one ADDS record, as a bookie
+    writes an add request's entries."""
     w = JournalWriter(directory, segment_bytes_max)
     marks = []
     for i in range(0, len(recs), per_batch):
-        for rec in recs[i:i + per_batch]:
-            w.append(*rec)
+        run: list[Rec] = []
+        for rec in [*recs[i:i + per_batch], None]:
+            if adds and rec is not None and rec[0] == RecordType.ADD:
+                run.append(rec)
+                continue
+            if run:
+                w.append_records(encode_records([r[1] for r in run], [r[2] for r in run], [r[3] for r in run]),
+                                 len(run))
+                run = []
+            if rec is not None:
+                w.append(*rec)
         marks.append(w.sync())
     if close:
         w.close()
@@ -242,13 +253,18 @@ def test_writer_after_replay_starts_a_new_segment(tmp_path):
     assert len(_replayed(d)) == 11
 
 
-def test_torn_tail_at_random_cut_points_is_truncated(tmp_path, rng, caplog):
+@pytest.mark.parametrize("adds", [False, True], ids=["add-records", "adds-records"])
+def test_torn_tail_at_random_cut_points_is_truncated(tmp_path, rng, caplog, adds):
     recs = _records(40, rng)
+    if adds:  # runs of ADD records, which each batch writes as one ADDS record
+        recs = [(RecordType.ADD, *r[1:]) if r[0] == RecordType.FENCE else r for r in recs]
     for trial in range(25):
         d = str(tmp_path / f"t{trial}")
         os.makedirs(d)
-        _, marks = _write(d, recs, per_batch=rng.choice([1, 3, 8]))
+        per_batch = rng.choice([1, 3, 8])
+        _, marks = _write(d, recs, per_batch=per_batch, adds=adds)
         full = _replayed(d)
+        assert (len({m for _, m in full}) < len(full)) == (adds and per_batch > 1)  # ADDs share their ADDS's mark
         path = os.path.join(d, segment_name(1))
         size = os.path.getsize(path)
         last_batch_start = marks[-2].offset if len(marks) > 1 else HEADER_BYTES
@@ -514,12 +530,16 @@ def test_torn_batch_inside_preallocation_is_a_torn_tail(tmp_path, caplog):
     assert any("torn tail" in m for m in caplog.messages)
 
 
-def test_corruption_before_a_later_durable_batch_is_still_an_error_with_preallocation(tmp_path):
+@pytest.mark.parametrize("adds", [False, True], ids=["add-record", "adds-record"])
+def test_corruption_before_a_later_durable_batch_is_still_an_error_with_preallocation(tmp_path, adds):
     d = str(tmp_path)
     w = JournalWriter(d, 1 << 20, preallocate_bytes=64 * 1024)
     marks = []
     for i in range(5):
-        w.append(RecordType.ADD, 3, i, b"z" * 100)
+        if adds:  # an add request's two entries in one ADDS record
+            w.append_records(encode_records([3, 3], [2 * i, 2 * i + 1], [b"z" * 100, b"y" * 50]), 2)
+        else:
+            w.append(RecordType.ADD, 3, i, b"z" * 100)
         marks.append(w.sync())
     os.close(w._fd)  # a crash: zeros after the last batch
     path = os.path.join(d, segment_name(1))
