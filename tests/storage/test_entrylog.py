@@ -214,6 +214,26 @@ def test_log_ids_are_not_reused_after_the_newest_logs_are_deleted(tmp_path):
     w.close()
 
 
+def test_a_batch_whose_write_fails_leaves_the_logs_readable_and_closable(tmp_path):
+    """The batch is refused whole (none of its locations handed out); the entries buffered
+    before it are still served from memory, and the writer still closes."""
+    d = str(tmp_path)
+    disk = FaultyDisk()
+    w = EntryLogWriter([d], 1 << 20, 2048, disk)
+    flushed = _fill(w, 50)
+    w.flush()
+    buffered = {(98, 0): (w.append(98, 0, b"a" * 100), b"a" * 100)}
+    disk.write_bytes_left = 0
+    with pytest.raises(OSError) as err:
+        w.append_batch([99] * 30, list(range(30)), [bytes([i]) * 100 for i in range(30)])
+    assert err.value.errno == 28
+    with pytest.raises(BookieIOError):
+        w.append_batch([99], [30], [b"x"])
+    _check_all(w, flushed)
+    _check_all(w, buffered)
+    w.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "cut"])
 def test_a_damaged_log_id_file_is_refused_rather_than_guessed(tmp_path, damage):
     d = str(tmp_path)

@@ -271,9 +271,9 @@ class EntryLogWriter(EntryLogReads):
             usage[lid] = usage.get(lid, 0) + size
             append(high | pos)
         full = len(buf) >= self._write_buffer
-        records = memoryview(buf)[first:] if full else bytes(buf[first:])
-        if full:
+        if full:  # written first: a failed write leaves lg.buf unexported, free to grow
             self._write_out(lg)  # lg.buf is a new buffer from here on: nothing changes ``buf``
+        records = memoryview(buf)[first:] if full else bytes(buf[first:])
         return locations, b"".join([*earlier, records]) if earlier else records
 
     def _new_active(self, key: int) -> _Log:
