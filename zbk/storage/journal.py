@@ -210,7 +210,7 @@ class JournalWriter:
         # Two appends, not three: each bytearray append costs about as much as the crc.
         buf += _pack_prefix(_BODY_MIN + len(payload), crc32c(payload, crc32c(body, seed))) + body
         buf += payload
-        return self._parts_bytes + len(buf) - BATCH_RECORD_BYTES
+        return self.pending_bytes
 
     def append_records(self, records: bytes | bytearray | memoryview, count: int) -> int:
         """Encode ``count`` entries' records, as an entry log holds them (back to back in
@@ -235,7 +235,7 @@ class JournalWriter:
         self._parts += (buf, records)
         self._parts_bytes += len(buf) + n
         self._buf = bytearray()
-        return self._parts_bytes - BATCH_RECORD_BYTES
+        return self.pending_bytes
 
     @property
     def pending_bytes(self) -> int:

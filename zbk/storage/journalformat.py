@@ -99,7 +99,6 @@ class RecordType(IntEnum):
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in RecordType)
-_ADD = int(RecordType.ADD)
 _ADDS = int(RecordType.ADDS)
 
 
