@@ -55,7 +55,7 @@ class LedgerHandle(ReadHandle):
     __slots__ = ("recovery", "deferred_sync", "last_confirmed", "next_entry_id", "length", "pushed_length", "pending",
                  "failed", "closing", "_dispatcher", "_unsent", "_rescan", "_ws_md", "_ws_first", "_ws_rot", "_ws_mask",
                  "_add_flags", "_changing", "_to_replace", "_changes_without_progress", "_tasks", "_drain_event",
-                 "lac_sent", "_explicit", "_rechecking", "_batches", "_batches_max")
+                 "lac_sent", "_explicit", "_rechecking", "_batches", "_batches_max", "_loop")
 
     def __init__(self, ctx: HandleContext, md: LedgerMetadata, version: int, password: bytes, *,
                  recovery: bool = False, deferred_sync: bool = False) -> None:
@@ -115,6 +115,10 @@ class LedgerHandle(ReadHandle):
         # (see _may_send_batch). A tuple of ints, which the cyclic GC does not track.
         self._batches: tuple[int, ...] = ()
         self._batches_max = ctx.config.add_batches_in_flight_max
+        # The loop the client runs on (handles are made in its coroutines). Kept, because
+        # asyncio.get_running_loop() makes a getpid() system call each time, and an append
+        # needs the loop for its future.
+        self._loop = asyncio.get_running_loop()
 
     # -- appending ----------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future[int]:
@@ -199,7 +203,7 @@ class LedgerHandle(ReadHandle):
     def _push(self, eid: int, blob: bytes, size: int) -> asyncio.Future[int]:
         if self.failed is not None:
             raise self.failed  # nothing would send it: a recovery would wait for it forever
-        a = PendingAdd(eid, blob, size, time.monotonic(), asyncio.get_running_loop())
+        a = PendingAdd(eid, blob, size, time.monotonic(), self._loop)
         self.pending.append(a)
         unsent = self._unsent
         unsent.append(a)
