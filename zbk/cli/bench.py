@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from zbk import eventloop
 from zbk.errors import EXIT_OK
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         http = AdminHttpServer("127.0.0.1", args.http_port)
         http.start()
     try:
-        report = asyncio.run(_bench(args))
+        report = eventloop.run(_bench(args))
     finally:
         if http is not None:
             http.stop()
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         print(f"\n{report['entries']} entries of {report['entry_size']} B in {report['seconds']:.2f} s, "
-              f"E{report['ensemble']} WQ{report['write_quorum']} AQ{report['ack_quorum']}, window {report['window']}")
+              f"E{report['ensemble']} WQ{report['write_quorum']} AQ{report['ack_quorum']}, window {report['window']}, "
+              f"on {report['event_loop']}")
         print(f"throughput: {report['entries_per_s']:,.0f} entries/s ({report['mb_per_s']:.1f} MB/s)")
         print("latency ms: p50 {p50_ms:.2f}  p95 {p95_ms:.2f}  p99 {p99_ms:.2f}  max {max_ms:.2f}".format(**report))
     return EXIT_OK
@@ -145,4 +147,5 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "mb_per_s": round(done * args.entry_size / elapsed / 1e6, 2) if elapsed else 0.0,
             "p50_ms": round(pct(0.50), 3), "p95_ms": round(pct(0.95), 3), "p99_ms": round(pct(0.99), 3),
             "max_ms": round(lat[-1] * 1000, 3) if lat else 0.0, "ensemble": args.ensemble,
-            "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum, "window": args.window}
+            "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum, "window": args.window,
+            "event_loop": eventloop.loop_name(asyncio.get_running_loop())}

@@ -21,6 +21,7 @@ from zbk.client.bookkeeper import AsyncBookKeeper
 from zbk.client.handles import LedgerEntry, LedgerHandle, ReadHandle
 from zbk.config import ClientConfig
 from zbk.errors import ZbkError
+from zbk.eventloop import new_event_loop
 from zbk.metadata.ledger import LedgerMetadata
 
 T = TypeVar("T")
@@ -28,7 +29,7 @@ T = TypeVar("T")
 
 class _LoopThread:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # uvloop's when installed (zbk/eventloop.py)
         self.thread = threading.Thread(target=self.loop.run_forever, name="zbk-client", daemon=True)
         self.thread.start()
         # Set by stop(): a call on a closed client is a typed error, not asyncio's

@@ -29,13 +29,12 @@ and one under way stops before its next ledger and runs again once the switch is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
 
-from zbk import limits
+from zbk import eventloop, limits
 from zbk.backoff import Backoff
 from zbk.clock import SYSTEM_CLOCK, Clock
 from zbk.config import ClientConfig
@@ -267,7 +266,7 @@ class Auditor:
         started = str(int(time.time() * 1000)).encode("ascii")
         halt = self._check_halt
         try:
-            asyncio.run(self._fragment_check(halt))
+            eventloop.run(self._fragment_check(halt))
             if halt.is_set() and not self._stop.is_set():
                 # Cut short by the switch: not a finished check. Run it again once it is on.
                 log.info("auditor: periodic check stopped: auto-recovery is switched off")

@@ -27,7 +27,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from zbk import limits
+from zbk import eventloop, limits
 from zbk.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class AutoRecovery:
 
     def _run_replicator(self, lease: int) -> None:
         try:
-            asyncio.run(self._replicate(lease))
+            eventloop.run(self._replicate(lease))
         except BaseException:
             log.exception("replicator crashed")
             self._crashed()

@@ -100,8 +100,7 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
          usage="BOOKIE --metadata URI", example=f"zbk shell recover 127.0.0.1:3181 {_EXAMPLE_URI}",
          needs="metadata", configure=_recover_args)
 def _recover(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from zbk import eventloop
     from zbk.client.bookkeeper import ClientContext
     from zbk.metadata.coordination import LeaseKeeper
     from zbk.recovery.decommission import decommission
@@ -122,7 +121,7 @@ def _recover(args: argparse.Namespace) -> int:
         finally:
             await ctx.transport.close()
     try:
-        rep = asyncio.run(run())
+        rep = eventloop.run(run())
     finally:
         progress.close()
         keeper.stop(revoke=True)
