@@ -8,7 +8,9 @@ The generator is one asyncio loop: at each wake-up it sends every entry whose in
 time has come, then sleeps until the next one. The loop runs on a SelectSelector, whose
 ``select()`` takes its timeout in microseconds: the default epoll selector rounds a timeout
 up to the next millisecond, which would make every send up to 1 ms late and add that to
-every latency at low rates. Each entry carries its intended send time and its index in its
+every latency at low rates (uvloop's timers, in milliseconds too, would do the same). The
+other workers run on the loop zbk's own programs choose (zbk/eventloop.py), both systems'
+tailing readers alike. Each entry carries its intended send time and its index in its
 first 16 bytes (little-endian int64s), which the tailing readers take their latency from.
 """
 
@@ -43,6 +45,7 @@ from _openloop_stats import (
 )
 from _procs import RawLedger, cpu_seconds, machine_cpu_ticks
 
+from zbk import eventloop
 from zbk.cli.children import spawn_tied, stop_child
 
 PASSWORD = b"zbk-openloop"
@@ -591,13 +594,13 @@ def worker_main(args: argparse.Namespace) -> int:
     if kind in ("noop", "zbk", "zbk-floor", "server-floor", "nats"):
         report = run_async(writer(args))
     elif kind == "zbk-tail":
-        report = run_async(zbk_tail(args))
+        report = eventloop.run(zbk_tail(args))
     elif kind == "nats-tail":
-        report = run_async(nats_tail(args))
+        report = eventloop.run(nats_tail(args))
     elif kind == "zbk-prefill":
-        report = run_async(prefill(args))
+        report = eventloop.run(prefill(args))
     elif kind == "zbk-catchup":
-        report = run_async(catchup(args))
+        report = eventloop.run(catchup(args))
     elif kind == "burn":
         report = burn(args)
     else:

@@ -21,6 +21,12 @@ G2)`` (the cyclic GC's defaults are 700, 10, 10), alternating with the defaults:
 
     .venv/bin/python bench/client_cost.py --counts 1 --seconds 8 --rounds 4 --gc-threshold 20000,20,10
 
+The clients run on the event loop zbk's own programs choose (zbk/eventloop.py: uvloop, or
+asyncio's loop with ``ZBK_EVENT_LOOP=asyncio``); ``--event-loop asyncio`` (or ``uvloop``)
+also runs them on that loop, alternating:
+
+    .venv/bin/python bench/client_cost.py --counts 1,10000 --seconds 8 --rounds 4 --event-loop asyncio
+
 ``--profile PREFIX`` records the measured part of every client run with py-spy (the client
 with ``--gil``; bookie-0 with ``--gil`` per thread, to ``PREFIX...-bookie0.txt``; raw;
 summarize with bench/profile_top.py). Every run also reports the client's cyclic GC:
@@ -179,25 +185,36 @@ def main() -> int:
     ap.add_argument("--client-root", help="also run clients from this tree (a copy of the zbk package's parent)")
     ap.add_argument("--gc-threshold", metavar="G0,G1,G2",
                     help="also run this tree's clients with gc.set_threshold(G0, G1, G2), alternating")
+    ap.add_argument("--event-loop", choices=("uvloop", "asyncio"),
+                    help="also run this tree's clients on that event loop (zbk/eventloop.py), alternating")
     ap.add_argument("--profile", metavar="PREFIX", help="py-spy the measured part of each client run")
+    ap.add_argument("--loop", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--metadata", help=argparse.SUPPRESS)
     ap.add_argument("--pids", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps({"runs": asyncio.run(_measure(a))}))
+        try:  # the loop zbk's programs run on; a tree from before zbk/eventloop.py ran on asyncio's
+            from zbk.eventloop import loop_factory
+        except ImportError:
+            print(json.dumps({"runs": asyncio.run(_measure(a))}))
+            return 0
+        with asyncio.Runner(loop_factory=loop_factory(a.loop)) as runner:
+            print(json.dumps({"runs": runner.run(_measure(a))}))
         return 0
     install_signal_handlers(3600)
     print(f"load {loadavg()}", flush=True)
-    variants: list[tuple[str, str | None, str]] = [("this", None, "")]
+    variants: list[tuple[str, str | None, str, str]] = [("this", None, "", "")]
     if a.client_root:
-        variants.append(("other", a.client_root, ""))
+        variants.append(("other", a.client_root, "", ""))
     if a.gc_threshold:
-        variants.append(("gc", None, a.gc_threshold))
+        variants.append(("gc", None, a.gc_threshold, ""))
+    if a.event_loop:
+        variants.append((a.event_loop, None, "", a.event_loop))
     results: list[dict[str, Any]] = []
     with ZbkCluster(3) as zc:
         for rnd in range(a.rounds):
-            for name, root, gc_threshold in (variants if rnd % 2 == 0 else variants[::-1]):
+            for name, root, gc_threshold, loop in (variants if rnd % 2 == 0 else variants[::-1]):
                 # The worker imports zbk from ``root`` when given (PYTHONPATH for it alone).
                 pre = [] if root is None else ["-c", f"import sys; sys.path.insert(0, {root!r}); sys.argv = sys.argv[1:]; "
                                                      f"import runpy; runpy.run_path(sys.argv[0], run_name='__main__')"]
@@ -206,6 +223,8 @@ def main() -> int:
                         "--seconds", str(a.seconds), "--window", str(a.window)]
                 if gc_threshold:
                     argv += ["--gc-threshold", gc_threshold]
+                if loop:
+                    argv += ["--loop", loop]
                 if a.profile:
                     argv += ["--profile", f"{a.profile}-{name}-r{rnd}"]
                 for r in run_json(argv, 1800)["runs"]:

@@ -28,6 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _procs  # noqa: E402
 
+from zbk import eventloop  # noqa: E402
+
 BOUND_SLACK_MS = 100  # the delay may exceed the interval by this much (the figure's bound)
 
 
@@ -101,7 +103,7 @@ def main() -> int:
         ap.error("--trials must be >= 1 and --interval-ms > 0")
     _procs.install_signal_handlers(args.max_seconds)
     with _procs.ZbkCluster(n=3) as cluster:
-        delays = asyncio.run(measure(cluster.metadata, args))
+        delays = eventloop.run(measure(cluster.metadata, args))
     out = report(delays, args)
     if args.json:
         print(json.dumps(out))

@@ -13,8 +13,10 @@ once two bookies have fsynced it), NATS a stream of R3 (a publish is acknowledge
 quorum of two replicas has stored it, every store fsynced): the same durability. The zbk
 load is `zbk bench`'s own code (zbk.cli.bench._bench); the NATS load is the same loop
 around nats-py's ``publish_async``, connected to the stream leader's server (NATS's best
-case: no extra hop). Each measurement runs in a fresh client process after a short warm-up
-on the same ledger/stream client. Every figure is the median of the rounds with min-max;
+case: no extra hop). Both run on the event loop zbk's own programs choose
+(zbk/eventloop.py: uvloop; ``ZBK_EVENT_LOOP=asyncio`` runs both on asyncio's loop). Each
+measurement runs in a fresh client process after a short warm-up on the same ledger/stream
+client. Every figure is the median of the rounds with min-max;
 the ratios are zbk/NATS of the medians, and the throughput and CPU ratios are also given
 round by round. CPU per entry is the servers' (or the client's) CPU over the whole worker
 run, start-up and warm-up included, divided by the measured entries: an upper bound.
@@ -64,6 +66,8 @@ from _procs import (  # noqa: E402
     set_gc_threshold,
 )
 
+from zbk import eventloop  # noqa: E402
+
 SYSTEMS = ("zbk", "nats")
 FLOOR = "zbk-floor"  # --floor: the same bookies without the client library (floor_worker)
 
@@ -89,8 +93,8 @@ def zbk_worker(args: argparse.Namespace) -> dict[str, Any]:
                                   digest="crc32c", json=True, keep=False)
 
     if args.warmup > 0:
-        asyncio.run(_bench(ns(args.warmup)))
-    return asyncio.run(_bench(ns(args.seconds)))
+        eventloop.run(_bench(ns(args.warmup)))
+    return eventloop.run(_bench(ns(args.seconds)))
 
 
 def floor_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,7 +268,7 @@ def worker_main(args: argparse.Namespace) -> int:
     elif args.worker == FLOOR:
         report = floor_worker(args)
     else:
-        report = asyncio.run(_nats_bench(args))
+        report = eventloop.run(_nats_bench(args))
     # Warm-up and setup included: an upper bound on the client's own CPU share.
     report["client_cpu_s"] = round(time.process_time() - cpu0, 2)
     print(json.dumps(report))
@@ -403,7 +407,7 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
             (f"servers' CPU us/entry, w {tw}", f"server_cpu_us_per_entry_w{tw}", 1),
             (f"client CPU us/entry, w {tw}", f"client_cpu_us_per_entry_w{tw}", 1)]
     print(f"\n{args.size} B entries; zbk E3 WQ3 AQ2 vs NATS JetStream R3 file sync=always; "
-          f"median (min-max) of {args.rounds} rounds")
+          f"median (min-max) of {args.rounds} rounds; load generators on {eventloop.chosen_name()}")
     print(f"{'':24} {'zbk':>28} {'NATS':>28}")
     for label, key, d in rows:
         print(f"{label:24} {fmt(summary['zbk'][key], d):>28} {fmt(summary['nats'][key], d):>28}")
@@ -554,7 +558,7 @@ def main() -> int:
         nats.stop()
     summary = summarize(runs, args)
     report = {"bench": "peers", "git": git_rev(), "rounds": args.rounds, "seconds": args.seconds,
-              "entry_size": args.size, "zbk_settings": settings, "nats_cpus": args.nats_cpus, "load_end": loadavg(),
+              "entry_size": args.size, "event_loop": eventloop.chosen_name(), "zbk_settings": settings, "nats_cpus": args.nats_cpus, "load_end": loadavg(),
               "wall_s": round(time.time() - started, 1), "rss_end": rss, **summary}
     print_table(summary, args)
     if args.plot:

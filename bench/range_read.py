@@ -29,6 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _procs  # noqa: E402
 
+from zbk import eventloop  # noqa: E402
+
 PASSWORD = b"zbk-range-read"
 
 
@@ -105,7 +107,7 @@ def main() -> int:
         ap.error("--entries and --rounds must be >= 1")
     _procs.install_signal_handlers(args.max_seconds)
     with _procs.ZbkCluster(n=3) as cluster:
-        rows = asyncio.run(measure(cluster, args))
+        rows = eventloop.run(measure(cluster, args))
     medians = summary(rows)
     result = {"commit": _procs.git_rev(), "load": _procs.loadavg(), "rounds": rows, "medians": medians}
     if args.json:

@@ -57,6 +57,8 @@ from _procs import (  # noqa: E402
     wait_idle,
 )
 
+from zbk import eventloop  # noqa: E402
+
 SECTIONS = ("sizes", "ledgers", "many", "read", "create")
 SIZES = (100, 1024, 65536)
 LEDGER_COUNTS = (1, 100, 10_000)
@@ -76,8 +78,8 @@ def w_bench(a: argparse.Namespace) -> dict[str, Any]:
                                   keep=False)
 
     if a.warmup > 0:
-        asyncio.run(_bench(ns(a.warmup)))
-    return asyncio.run(_bench(ns(a.seconds)))
+        eventloop.run(_bench(ns(a.warmup)))
+    return eventloop.run(_bench(ns(a.seconds)))
 
 
 async def _multi(a: argparse.Namespace) -> dict[str, Any]:
@@ -356,9 +358,9 @@ async def _create(a: argparse.Namespace) -> dict[str, Any]:
             "concurrency": a.concurrency}
 
 
-WORKERS = {"bench": w_bench, "multi": lambda a: asyncio.run(_multi(a)), "raw-add": w_raw_add,
-           "raw-read": w_raw_read, "client-read": lambda a: asyncio.run(_client_read(a)),
-           "create": lambda a: asyncio.run(_create(a))}
+WORKERS = {"bench": w_bench, "multi": lambda a: eventloop.run(_multi(a)), "raw-add": w_raw_add,
+           "raw-read": w_raw_read, "client-read": lambda a: eventloop.run(_client_read(a)),
+           "create": lambda a: eventloop.run(_create(a))}
 
 
 def worker(kind: str, timeout_s: float, **kw: Any) -> dict[str, Any]:

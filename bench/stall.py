@@ -44,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _procs  # noqa: E402
 
+from zbk import eventloop  # noqa: E402
 from zbk.client.bookkeeper import AsyncBookKeeper  # noqa: E402
 from zbk.config import ClientConfig  # noqa: E402
 
@@ -170,7 +171,7 @@ def main() -> int:
     if args.after_s <= 0:
         args.after_s = args.heartbeat_ms / 1000 + 1.5
     _procs.install_signal_handlers(args.max_seconds)
-    result = asyncio.run(run(args))
+    result = eventloop.run(run(args))
     if args.json:
         print(json.dumps(result))
         return 0
