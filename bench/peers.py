@@ -558,7 +558,8 @@ def main() -> int:
         nats.stop()
     summary = summarize(runs, args)
     report = {"bench": "peers", "git": git_rev(), "rounds": args.rounds, "seconds": args.seconds,
-              "entry_size": args.size, "event_loop": eventloop.chosen_name(), "zbk_settings": settings, "nats_cpus": args.nats_cpus, "load_end": loadavg(),
+              "entry_size": args.size, "event_loop": eventloop.chosen_name(), "zbk_settings": settings,
+              "nats_cpus": args.nats_cpus, "load_end": loadavg(),
               "wall_s": round(time.time() - started, 1), "rss_end": rss, **summary}
     print_table(summary, args)
     if args.plot:
