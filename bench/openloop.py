@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -64,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,19 @@ def phase_gen(args: argparse.Namespace) -> list[dict[str, Any]]:
     return runs
 
 
+@contextlib.contextmanager
+def worker_logs(prefix: str) -> Iterator[Path]:
+    """A folder for the logs of a phase's worker processes: removed when the phase ends, kept
+    (and named on stderr) when it fails, for what the workers said."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        print(f"worker logs kept in {path}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, Any]:
     """Prefill, then per round: the writer alone, then beside the catch-up readers."""
     print(f"prefill: {args.prefill:,} entries of {args.size} B into {args.prefill_ledgers} closed ledgers", flush=True)
@@ -227,35 +242,35 @@ def phase_rw(args: argparse.Namespace, zbk: ZbkCluster, rate: int) -> dict[str, 
     # another one just read in the page cache.
     shares = [ids[k::args.readers] or ids for k in range(args.readers)]
     rounds = []
-    logdir = Path(tempfile.mkdtemp(prefix="openloop-readers-"))
-    for rnd in range(args.rw_rounds):
-        with CacheDropper(zbk, args.cold_every):
-            # No GC runs in this phase: it could compact the old ledgers the readers read.
-            alone = measure("zbk", rate, args, zbk, None, label="alone", reclaim=False)
-        readers = [start_process([sys.executable, SCRIPT, "--worker", "zbk-catchup", "--metadata", zbk.metadata,
-                                  "--ledger-ids", ",".join(map(str, shares[k])), "--start", str(k),
-                                  "--max-seconds", str(args.max_seconds)],
-                                 logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
-        try:
+    with worker_logs("openloop-readers-") as logdir:
+        for rnd in range(args.rw_rounds):
             with CacheDropper(zbk, args.cold_every):
-                time.sleep(1.0)  # the readers open their ledgers and start reading
-                appetite = read_appetite(zbk, readers, 2.0)
-                beside = measure("zbk", rate, args, zbk, None, label="+readers", reclaim=False)
-        finally:
-            for p in readers:
-                stop_process(p, sig=signal.SIGTERM)
-        reads = [last_json(logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
-        total = sum(x["entries_per_s"] for x in reads)
-        cores = appetite["readers_cores"] + appetite["servers_cores"]
-        print(f"{'readers':>10}: {args.readers} x {[round(x['entries_per_s']) for x in reads]} entries/s "
-              f"(total {total:,.0f}/s); bookies' storage reads {beside.get('servers_read_mb_per_s')} MB/s "
-              f"(alone {alone.get('servers_read_mb_per_s')}); on their own, before the writers: "
-              f"readers {appetite['readers_cores']:.2f} + bookies {appetite['servers_cores']:.2f} cores", flush=True)
-        one = {"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1),
-               "read_appetite": appetite}
-        if args.rw_floor and cores > 0:
-            one.update(burner_case(args, zbk, rate, rnd, cores, logdir))
-        rounds.append(one)
+                # No GC runs in this phase: it could compact the old ledgers the readers read.
+                alone = measure("zbk", rate, args, zbk, None, label="alone", reclaim=False)
+            readers = [start_process([sys.executable, SCRIPT, "--worker", "zbk-catchup", "--metadata", zbk.metadata,
+                                      "--ledger-ids", ",".join(map(str, shares[k])), "--start", str(k),
+                                      "--max-seconds", str(args.max_seconds)],
+                                     logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
+            try:
+                with CacheDropper(zbk, args.cold_every):
+                    time.sleep(1.0)  # the readers open their ledgers and start reading
+                    appetite = read_appetite(zbk, readers, 2.0)
+                    beside = measure("zbk", rate, args, zbk, None, label="+readers", reclaim=False)
+            finally:
+                for p in readers:
+                    stop_process(p, sig=signal.SIGTERM)
+            reads = [last_json(logdir / f"reader-{rnd}-{k}.log") for k in range(args.readers)]
+            total = sum(x["entries_per_s"] for x in reads)
+            cores = appetite["readers_cores"] + appetite["servers_cores"]
+            print(f"{'readers':>10}: {args.readers} x {[round(x['entries_per_s']) for x in reads]} entries/s "
+                  f"(total {total:,.0f}/s); bookies' storage reads {beside.get('servers_read_mb_per_s')} MB/s "
+                  f"(alone {alone.get('servers_read_mb_per_s')}); on their own, before the writers: "
+                  f"readers {appetite['readers_cores']:.2f} + bookies {appetite['servers_cores']:.2f} cores", flush=True)
+            one = {"alone": alone, "readers": beside, "reader_runs": reads, "readers_entries_per_s": round(total, 1),
+                   "read_appetite": appetite}
+            if args.rw_floor and cores > 0:
+                one.update(burner_case(args, zbk, rate, rnd, cores, logdir))
+            rounds.append(one)
     return {"rate": rate, "prefill": pre, "readers": args.readers, "rounds": rounds}
 
 

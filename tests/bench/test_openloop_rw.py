@@ -72,3 +72,19 @@ def test_the_burner_takes_no_more_than_its_duty_and_stops_on_sigterm() -> None:
     # Paced by its own CPU time, it cannot take more than its duty (plus a period's slack);
     # how much less it gets depends on the machine, so no lower bound is asserted.
     assert 0 < report["cores"] <= 0.3 + 0.1
+
+
+def test_worker_logs_go_when_the_phase_ends_and_stay_when_it_fails(tmp_path: Path, monkeypatch: Any,
+                                                                    capsys: Any) -> None:
+    monkeypatch.setattr(openloop.tempfile, "tempdir", str(tmp_path))
+    with openloop.worker_logs("openloop-readers-") as done:
+        (done / "reader-0-0.log").write_text("{}\n")
+    assert not done.exists()
+    try:
+        with openloop.worker_logs("openloop-readers-") as failed:
+            (failed / "reader-0-0.log").write_text("Traceback ...\n")
+            raise RuntimeError("a reader printed no report")
+    except RuntimeError:
+        pass
+    assert (failed / "reader-0-0.log").read_text() == "Traceback ...\n"
+    assert f"worker logs kept in {failed}" in capsys.readouterr().err
