@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import openloop  # noqa: E402
@@ -80,11 +82,8 @@ def test_worker_logs_go_when_the_phase_ends_and_stay_when_it_fails(tmp_path: Pat
     with openloop.worker_logs("openloop-readers-") as done:
         (done / "reader-0-0.log").write_text("{}\n")
     assert not done.exists()
-    try:
-        with openloop.worker_logs("openloop-readers-") as failed:
-            (failed / "reader-0-0.log").write_text("Traceback ...\n")
-            raise RuntimeError("a reader printed no report")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="no report"), openloop.worker_logs("openloop-readers-") as failed:
+        (failed / "reader-0-0.log").write_text("Traceback ...\n")
+        raise RuntimeError("a reader printed no report")
     assert (failed / "reader-0-0.log").read_text() == "Traceback ...\n"
     assert f"worker logs kept in {failed}" in capsys.readouterr().err
